@@ -1,0 +1,32 @@
+"""The ``agui-hub`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agui-hub",
+        description="A production relay for the AG-UI protocol.",
+    )
+    parser.add_argument("--version", action="version", version=f"agui-hub {__version__}")
+    parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return 0  # pragma: no cover - every command returns on its own
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""msgpack and JSON encodings of AG-UI events (and of any JSON value).
+
+Both encodings carry the same data model: JSON values (objects with string
+keys, arrays, strings, finite numbers, booleans, null). msgpack input that
+holds something JSON cannot express (binary strings, extension types,
+non-string map keys, NaN or infinity) is rejected, so that every stored event
+can be sent to a JSON subscriber too.
+
+Encoding is deterministic: equal input (same keys in the same order) gives
+equal bytes, so the gateway encodes an event once per encoding and sends the
+same bytes to every subscriber.
+
+Every decoding failure is a :class:`~agui_hub.errors.DecodeError`, an input
+over the size limit a :class:`~agui_hub.errors.PayloadTooLarge`, and an
+object that is not an AG-UI event an :class:`~agui_hub.errors.InvalidEvent`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from typing import Any
+
+import msgpack
+
+from .errors import DecodeError, PayloadTooLarge
+from .events import validate_wire
+
+__all__ = [
+    "DEFAULT_MAX_SIZE",
+    "Encoding",
+    "decode",
+    "decode_event",
+    "decode_json",
+    "decode_msgpack",
+    "encode",
+    "encode_event",
+    "encode_json",
+    "encode_msgpack",
+]
+
+KIB = 1024
+MIB = 1024 * KIB
+DEFAULT_MAX_SIZE = 1 * MIB
+"""Default limit for one encoded event or frame."""
+
+MAX_DEPTH = 256
+"""Deepest nesting of arrays and objects accepted in a decoded value."""
+
+
+class Encoding(enum.StrEnum):
+    """The two wire encodings."""
+
+    MSGPACK = "msgpack"
+    """msgpack, carried in binary WebSocket frames."""
+    JSON = "json"
+    """UTF-8 JSON, carried in text WebSocket frames."""
+
+
+# -- encoding --------------------------------------------------------------------
+
+_packer_options: dict[str, Any] = {"use_bin_type": True, "datetime": False}
+
+
+def encode_msgpack(value: Any) -> bytes:
+    """Encode a JSON value as msgpack.
+
+    Raises :class:`ValueError` for values JSON cannot express (the caller
+    passed something other than a validated wire dict).
+    """
+    try:
+        return msgpack.packb(value, **_packer_options)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"cannot encode as msgpack: {exc}") from exc
+
+
+def encode_json(value: Any) -> bytes:
+    """Encode a JSON value as compact UTF-8 JSON (no NaN, no infinity)."""
+    try:
+        return json.dumps(
+            value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode()
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"cannot encode as JSON: {exc}") from exc
+
+
+def encode(value: Any, encoding: Encoding) -> bytes:
+    """Encode a JSON value in *encoding*."""
+    if encoding is Encoding.MSGPACK:
+        return encode_msgpack(value)
+    return encode_json(value)
+
+
+def encode_event(event: Any, encoding: Encoding = Encoding.MSGPACK) -> bytes:
+    """Validate *event* (wire mapping or model) and encode its canonical wire dict.
+
+    Raises :class:`~agui_hub.errors.InvalidEvent`.
+    """
+    return encode(validate_wire(event), encoding)
+
+
+# -- decoding --------------------------------------------------------------------
+
+
+def _check_size(data: bytes | bytearray | memoryview | str, max_size: int | None) -> None:
+    if max_size is not None and len(data) > max_size:
+        raise PayloadTooLarge(len(data), max_size)
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise DecodeError(f"msgpack extension type {code} is not allowed: send plain JSON values")
+
+
+def _check_json_value(value: Any, depth: int = 0) -> None:
+    """Raise DecodeError unless *value* is made of JSON values only."""
+    if depth > MAX_DEPTH:
+        raise DecodeError(f"value nested deeper than {MAX_DEPTH} levels")
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise DecodeError("NaN and infinity are not allowed: JSON cannot express them")
+        return
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise DecodeError(f"map key {key!r} is not a string: JSON objects need string keys")
+            _check_json_value(item, depth + 1)
+        return
+    if kind is list:
+        for item in value:
+            _check_json_value(item, depth + 1)
+        return
+    if kind is bytes:
+        raise DecodeError("msgpack binary strings are not allowed: send text (e.g. base64)")
+    raise DecodeError(f"unsupported value of type {kind.__name__}")
+
+
+def decode_msgpack(data: bytes, *, max_size: int | None = DEFAULT_MAX_SIZE) -> Any:
+    """Decode one msgpack value made of JSON values only.
+
+    Raises :class:`PayloadTooLarge` or :class:`DecodeError`.
+    """
+    _check_size(data, max_size)
+    try:
+        value = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,  # checked below, with a clearer message
+            ext_hook=_reject_ext,
+            timestamp=0,
+        )
+    except DecodeError:
+        raise
+    except msgpack.StackError:
+        raise DecodeError("malformed msgpack: value nested too deeply") from None
+    except msgpack.FormatError:
+        raise DecodeError("malformed msgpack: invalid type byte") from None
+    except msgpack.ExtraData:
+        raise DecodeError("malformed msgpack: extra bytes after the value") from None
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
+        raise DecodeError(f"malformed msgpack: {str(exc) or type(exc).__name__}") from None
+    _check_json_value(value)
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise DecodeError(f"{name} is not valid JSON")
+
+
+def decode_json(data: bytes | str, *, max_size: int | None = DEFAULT_MAX_SIZE) -> Any:
+    """Decode one JSON value (UTF-8 bytes or text).
+
+    Raises :class:`PayloadTooLarge` or :class:`DecodeError`.
+    """
+    _check_size(data, max_size)
+    try:
+        return json.loads(data, parse_constant=_reject_constant)
+    except DecodeError:
+        raise
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"JSON payload is not valid UTF-8: {exc.reason}") from None
+    except json.JSONDecodeError as exc:
+        raise DecodeError(
+            f"malformed JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise DecodeError("JSON value nested too deeply") from None
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"malformed JSON: {exc}") from None
+
+
+def decode(
+    data: bytes | str, encoding: Encoding, *, max_size: int | None = DEFAULT_MAX_SIZE
+) -> Any:
+    """Decode one value in *encoding*."""
+    if encoding is Encoding.MSGPACK:
+        if isinstance(data, str):
+            raise DecodeError("msgpack payloads are binary; got text")
+        return decode_msgpack(data, max_size=max_size)
+    return decode_json(data, max_size=max_size)
+
+
+def decode_event(
+    data: bytes | str,
+    encoding: Encoding = Encoding.MSGPACK,
+    *,
+    max_size: int | None = DEFAULT_MAX_SIZE,
+) -> dict[str, Any]:
+    """Decode and validate one event; return its canonical wire dict.
+
+    Raises :class:`PayloadTooLarge`, :class:`DecodeError` or
+    :class:`~agui_hub.errors.InvalidEvent`.
+    """
+    return validate_wire(decode(data, encoding, max_size=max_size))

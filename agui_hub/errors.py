@@ -1,0 +1,134 @@
+"""The exceptions agui-hub raises.
+
+Every exception derives from :class:`AguiHubError`, so ``except AguiHubError``
+catches anything the hub reports on purpose; anything else is a bug. Each
+exception carries a stable machine-readable :attr:`~AguiHubError.code` that
+the gateway puts into its error frames, and a message a person can act on.
+
+.. code-block:: text
+
+    AguiHubError
+    └── ProtocolError                 bad input from a peer; the hub keeps running
+        ├── DecodeError               bytes that are not valid msgpack / JSON
+        ├── PayloadTooLarge           an encoded payload over the configured limit
+        ├── InvalidEvent              not an AG-UI 1.0 event (shape, type, fields)
+        ├── SequenceError             a valid event in an order the protocol forbids
+        │   └── ChunkError            a *_CHUNK event that cannot be expanded
+        └── PatchError                a JSON Patch that cannot be applied
+
+Catch :class:`ProtocolError` at a boundary that receives input (a socket, a
+publish call): report it to the sender and carry on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AguiHubError(Exception):
+    """Root of every exception agui-hub raises on purpose."""
+
+    code: str = "error"
+    """Stable, machine-readable identifier, e.g. ``"invalid_event"``."""
+
+
+class ProtocolError(AguiHubError):
+    """Input that breaks the AG-UI protocol or the hub's encoding rules.
+
+    The input is rejected as a whole; nothing of it was stored or applied.
+    """
+
+    code = "protocol_error"
+
+
+class DecodeError(ProtocolError):
+    """The payload is not well-formed msgpack or JSON, or not of the expected shape.
+
+    Fix the producer's encoder; the payload cannot be recovered.
+    """
+
+    code = "decode_error"
+
+
+class PayloadTooLarge(ProtocolError):
+    """The payload is larger than the configured limit.
+
+    Split the data over several events (for example several
+    TEXT_MESSAGE_CONTENT deltas) or raise the limit.
+    """
+
+    code = "payload_too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class InvalidEvent(ProtocolError):
+    """The object is not a valid AG-UI 1.0 event.
+
+    :attr:`problems` lists each problem as ``(location, message)``; the
+    message of the exception joins them into one line.
+    """
+
+    code = "invalid_event"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        event_type: str | None = None,
+        problems: list[tuple[str, str]] | None = None,
+    ) -> None:
+        self.event_type = event_type
+        self.problems = problems or []
+        super().__init__(message)
+
+
+class SequenceError(ProtocolError):
+    """A valid event arrived where the AG-UI sequence rules forbid it.
+
+    :attr:`rule` names the broken rule (e.g. ``"run_not_started"``),
+    :attr:`event` is the offending event's wire dict and :attr:`thread` the
+    thread it was published to (``None`` when unknown). Nothing of the event
+    was applied; the verifier's state is unchanged, so the producer may send a
+    corrected event next.
+    """
+
+    code = "sequence_error"
+
+    def __init__(
+        self,
+        rule: str,
+        message: str,
+        *,
+        event: dict[str, Any] | None = None,
+        thread: str | None = None,
+    ) -> None:
+        self.rule = rule
+        self.event = event
+        self.thread = thread
+        event_type = event.get("type") if event else None
+        where = f" in thread {thread!r}" if thread is not None else ""
+        super().__init__(f"[{rule}] {event_type or 'event'}{where}: {message}")
+
+
+class ChunkError(SequenceError):
+    """A TEXT_MESSAGE_CHUNK, TOOL_CALL_CHUNK or REASONING_MESSAGE_CHUNK that
+    cannot be expanded, e.g. the first chunk of a stream without its id."""
+
+    code = "chunk_error"
+
+
+class PatchError(ProtocolError):
+    """An RFC 6902 JSON Patch that does not apply to the current document.
+
+    The document is left unchanged. :attr:`patch` is the patch as received.
+    """
+
+    code = "patch_error"
+
+    def __init__(self, message: str, *, patch: Any = None) -> None:
+        self.patch = patch
+        super().__init__(message)
