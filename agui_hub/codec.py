@@ -170,6 +170,10 @@ def _reject_constant(name: str) -> Any:
     raise DecodeError(f"{name} is not valid JSON")
 
 
+# One decoder for all calls: json.loads() with any option builds a new one each time.
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def decode_json(data: bytes | str, *, max_size: int | None = DEFAULT_MAX_SIZE) -> Any:
     """Decode one JSON value (UTF-8 bytes or text).
 
@@ -177,7 +181,9 @@ def decode_json(data: bytes | str, *, max_size: int | None = DEFAULT_MAX_SIZE) -
     """
     _check_size(data, max_size)
     try:
-        return json.loads(data, parse_constant=_reject_constant)
+        # JSON on the wire is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32.
+        text = data.decode() if isinstance(data, bytes | bytearray) else data
+        return _JSON_DECODER.decode(text)
     except DecodeError:
         raise
     except UnicodeDecodeError as exc:

@@ -823,7 +823,7 @@ def _wire_typed_dict(model: type[BaseEvent]) -> tuple[type, frozenset[str]] | No
     fields: dict[str, Any] = {}
     omittable: set[str] = set()
     for name, info in model.model_fields.items():
-        annotation = info.annotation
+        annotation: Any = info.annotation
         if not _is_flat(annotation):
             return None
         key = info.alias or name
@@ -837,7 +837,7 @@ def _wire_typed_dict(model: type[BaseEvent]) -> tuple[type, frozenset[str]] | No
             fields[key] = NotRequired[annotation]
             if info.default is None:
                 omittable.add(key)
-    typed = TypedDict(f"{model.__name__}Wire", fields)  # type: ignore[operator]
+    typed = TypedDict(f"{model.__name__}Wire", fields)  # type: ignore[misc]
     with_config(ConfigDict(extra="allow"))(typed)
     return typed, frozenset(omittable)
 

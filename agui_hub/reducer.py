@@ -584,9 +584,9 @@ def on_reasoning_encrypted_value(ts: ThreadState, e: WireEvent) -> None:
                     call["encryptedValue"] = e["encryptedValue"]
                     return
         return
-    message = ts.message(e["entityId"])
-    if message is not None and message.get("role") != "activity":
-        message["encryptedValue"] = e["encryptedValue"]
+    target = ts.message(e["entityId"])
+    if target is not None and target.get("role") != "activity":
+        target["encryptedValue"] = e["encryptedValue"]
 
 
 def on_subagent_started(ts: ThreadState, e: WireEvent) -> None:
