@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 from typing import Any
 
 import msgpack
 
 from .errors import DecodeError, PayloadTooLarge
-from .events import validate_wire
+from .events import check_json_value, validate_wire
 
 __all__ = [
     "DEFAULT_MAX_SIZE",
@@ -44,9 +43,6 @@ KIB = 1024
 MIB = 1024 * KIB
 DEFAULT_MAX_SIZE = 1 * MIB
 """Default limit for one encoded event or frame."""
-
-MAX_DEPTH = 256
-"""Deepest nesting of arrays and objects accepted in a decoded value."""
 
 
 class Encoding(enum.StrEnum):
@@ -112,32 +108,6 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise DecodeError(f"msgpack extension type {code} is not allowed: send plain JSON values")
 
 
-def _check_json_value(value: Any, depth: int = 0) -> None:
-    """Raise DecodeError unless *value* is made of JSON values only."""
-    if depth > MAX_DEPTH:
-        raise DecodeError(f"value nested deeper than {MAX_DEPTH} levels")
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return
-    if kind is float:
-        if not math.isfinite(value):
-            raise DecodeError("NaN and infinity are not allowed: JSON cannot express them")
-        return
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                raise DecodeError(f"map key {key!r} is not a string: JSON objects need string keys")
-            _check_json_value(item, depth + 1)
-        return
-    if kind is list:
-        for item in value:
-            _check_json_value(item, depth + 1)
-        return
-    if kind is bytes:
-        raise DecodeError("msgpack binary strings are not allowed: send text (e.g. base64)")
-    raise DecodeError(f"unsupported value of type {kind.__name__}")
-
-
 def decode_msgpack(data: bytes, *, max_size: int | None = DEFAULT_MAX_SIZE) -> Any:
     """Decode one msgpack value made of JSON values only.
 
@@ -162,7 +132,7 @@ def decode_msgpack(data: bytes, *, max_size: int | None = DEFAULT_MAX_SIZE) -> A
         raise DecodeError("malformed msgpack: extra bytes after the value") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise DecodeError(f"malformed msgpack: {str(exc) or type(exc).__name__}") from None
-    _check_json_value(value)
+    check_json_value(value, DecodeError)
     return value
 
 

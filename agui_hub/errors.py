@@ -15,9 +15,17 @@ the gateway puts into its error frames, and a message a person can act on.
         ├── SequenceError             a valid event in an order the protocol forbids
         │   └── ChunkError            a *_CHUNK event that cannot be expanded
         └── PatchError                a JSON Patch that cannot be applied
+    └── StoreError                    the thread store could not do what was asked
+        ├── StoreUnavailable          the backend (Redis) cannot be reached; retry
+        ├── InvalidOffset             not an offset of the form "<ms>-<seq>"
+        ├── OffsetExpired             events after the offset were trimmed; resync
+        │   └── ThreadReset           the thread's stream was lost or re-created; resync
+        └── SubscriptionLagged        a live feed was not read fast enough; resubscribe
 
 Catch :class:`ProtocolError` at a boundary that receives input (a socket, a
-publish call): report it to the sender and carry on.
+publish call): report it to the sender and carry on. Catch
+:class:`OffsetExpired` where a reader resumes: it means "start again from a
+snapshot", never a silent partial read.
 """
 
 from __future__ import annotations
@@ -132,3 +140,84 @@ class PatchError(ProtocolError):
     def __init__(self, message: str, *, patch: Any = None) -> None:
         self.patch = patch
         super().__init__(message)
+
+
+class StoreError(AguiHubError):
+    """The thread store could not do what was asked."""
+
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The store's backend (Redis) cannot be reached; retry later.
+
+    When :meth:`~agui_hub.store.ThreadStore.append` raises this the events may
+    or may not have been appended (the reply can be lost): retry with the same
+    event ids, which never appends twice.
+    """
+
+    code = "store_unavailable"
+
+
+class InvalidOffset(StoreError):
+    """A string that is not an offset (``"<ms>-<seq>"``, e.g. ``"1764700000000-0"``)."""
+
+    code = "invalid_offset"
+
+
+class OffsetExpired(StoreError):
+    """Events after the requested offset are no longer stored (retention trimmed them).
+
+    The reader cannot get a complete history from :attr:`offset`: resync from
+    a snapshot. :attr:`first` is the oldest offset still stored (``None`` when
+    none is).
+    """
+
+    code = "offset_expired"
+
+    def __init__(self, thread: str, offset: str, first: str | None, reason: str = "") -> None:
+        self.thread = thread
+        self.offset = offset
+        self.first = first
+        super().__init__(
+            reason
+            or f"thread {thread!r}: events after offset {offset} were trimmed "
+            f"(oldest stored: {first or 'none'}); resync from a snapshot"
+        )
+
+
+class ThreadReset(OffsetExpired):
+    """The thread's stream was lost or re-created, so its epoch changed.
+
+    Offsets of the old epoch mean nothing in the new one: resync from a snapshot.
+    """
+
+    code = "thread_reset"
+
+    def __init__(self, thread: str, old_epoch: str | None, new_epoch: str | None) -> None:
+        self.old_epoch = old_epoch
+        self.new_epoch = new_epoch
+        super().__init__(
+            thread,
+            "",
+            None,
+            f"thread {thread!r} was reset (epoch {old_epoch} -> {new_epoch or 'deleted'}); "
+            "resync from a snapshot",
+        )
+
+
+class SubscriptionLagged(StoreError):
+    """A live subscription's bounded queue overflowed: it was not read fast enough.
+
+    Nothing is lost in the store: subscribe again after :attr:`last`, the
+    offset of the last entry this subscription delivered.
+    """
+
+    code = "subscription_lagged"
+
+    def __init__(self, thread: str, last: str) -> None:
+        self.thread = thread
+        self.last = last
+        super().__init__(
+            f"subscription to thread {thread!r} fell behind; resubscribe after offset {last}"
+        )

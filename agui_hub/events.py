@@ -24,6 +24,8 @@ Every failure is an :class:`~agui_hub.errors.InvalidEvent`.
 from __future__ import annotations
 
 import enum
+import math
+from dataclasses import dataclass
 from typing import (
     Annotated,
     Any,
@@ -46,7 +48,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from typing_extensions import TypedDict
 
-from .errors import InvalidEvent
+from .errors import InvalidEvent, ProtocolError
 
 __all__ = [
     "Event",
@@ -387,7 +389,7 @@ class RunFinishedSuccessOutcome(WireModel):
 
 class RunFinishedInterruptOutcome(WireModel):
     type: Literal["interrupt"] = "interrupt"
-    interrupts: list[Interrupt]
+    interrupts: Annotated[list[Interrupt], Field(min_length=1)]
 
 
 class RunFinishedCancelledOutcome(WireModel):
@@ -819,36 +821,52 @@ def _is_flat(annotation: Any) -> bool:
     return all(_is_flat(arg) for arg in get_args(annotation) if not isinstance(arg, str | int))
 
 
-def _wire_typed_dict(model: type[BaseEvent]) -> tuple[type, frozenset[str]] | None:
+@dataclass(frozen=True)
+class _FastPath:
+    adapter: TypeAdapter[Any]
+    omittable: frozenset[str]
+    """Wire keys of optional fields that are left out when ``None``."""
+    defaults: tuple[tuple[str, Any], ...]
+    """Wire keys with a non-``None`` default the model writes out (e.g. a reasoning role)."""
+    snake_names: frozenset[str]
+    """Attribute names that differ from their wire names: input using them takes the model path."""
+
+
+def _fast_path_for(model: type[BaseEvent]) -> _FastPath | None:
     fields: dict[str, Any] = {}
     omittable: set[str] = set()
+    defaults: list[tuple[str, Any]] = []
+    snake: set[str] = set()
     for name, info in model.model_fields.items():
         annotation: Any = info.annotation
         if not _is_flat(annotation):
             return None
         key = info.alias or name
+        if key != name:
+            snake.add(name)
         if name == "type":
             annotation = Literal[info.default.value]  # plain str, not the enum member
         elif info.metadata:
             annotation = Annotated[(annotation, *info.metadata)]
         if info.is_required() or name == "type":
             fields[key] = Required[annotation]
+            continue
+        fields[key] = NotRequired[annotation]
+        if info.default is None:
+            omittable.add(key)
         else:
-            fields[key] = NotRequired[annotation]
-            if info.default is None:
-                omittable.add(key)
+            defaults.append((key, info.default))
     typed = TypedDict(f"{model.__name__}Wire", fields)  # type: ignore[misc]
     with_config(ConfigDict(extra="allow"))(typed)
-    return typed, frozenset(omittable)
+    return _FastPath(TypeAdapter(typed), frozenset(omittable), tuple(defaults), frozenset(snake))
 
 
-def _build_fast_path() -> dict[str, tuple[TypeAdapter[Any], frozenset[str]]]:
-    fast: dict[str, tuple[TypeAdapter[Any], frozenset[str]]] = {}
+def _build_fast_path() -> dict[str, _FastPath]:
+    fast: dict[str, _FastPath] = {}
     for event_type, model in MODEL_BY_TYPE.items():
-        built = _wire_typed_dict(model)
-        if built is not None:
-            typed, omittable = built
-            fast[event_type] = (TypeAdapter(typed), omittable)
+        path = _fast_path_for(model)
+        if path is not None:
+            fast[event_type] = path
     return fast
 
 
@@ -856,23 +874,85 @@ _FAST_PATH = _build_fast_path()
 FAST_PATH_TYPES = frozenset(_FAST_PATH)
 """Event types that :func:`validate_wire` validates without building a model."""
 
+MAX_DEPTH = 256
+"""Deepest nesting of arrays and objects accepted inside an event."""
+
+
+def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, depth: int = 0) -> None:
+    """Raise *error* unless *value* is made of JSON values only.
+
+    JSON values: dicts with string keys, lists, strings, integers, finite
+    floats, booleans and ``None``, nested at most :data:`MAX_DEPTH` deep.
+    Anything else could not be sent to a JSON subscriber unchanged.
+    """
+    if depth > MAX_DEPTH:
+        raise error(f"value nested deeper than {MAX_DEPTH} levels")
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise error("NaN and infinity are not allowed: JSON cannot express them")
+        return
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise error(f"map key {key!r} is not a string: JSON objects need string keys")
+            check_json_value(item, error, depth + 1)
+        return
+    if kind is list:
+        for item in value:
+            check_json_value(item, error, depth + 1)
+        return
+    if kind is bytes:
+        raise error("binary strings are not allowed: send text (e.g. base64)")
+    if isinstance(value, str | int) and not isinstance(value, enum.Flag):
+        return  # str and int subclasses (e.g. EventType) serialize as their value
+    raise error(f"unsupported value of type {kind.__name__}: send JSON values only")
+
+
+def _check_event_values(wire: dict[str, Any]) -> None:
+    for key, value in wire.items():
+        if type(value) is not str:  # token deltas: nothing to walk
+            try:
+                check_json_value(value, InvalidEvent, 1)
+            except InvalidEvent as exc:
+                label = f"invalid {wire.get('type')} event" if wire.get("type") else "invalid event"
+                raise InvalidEvent(
+                    f"{label}: {key}: {exc}", event_type=str(wire.get("type")) or None
+                ) from None
+
 
 def validate_wire(obj: Any) -> dict[str, Any]:
     """Validate *obj* as an AG-UI event and return its canonical wire dict.
 
     Equivalent to ``to_wire(parse_event(obj))`` and faster for the common
-    flat events. Raises :class:`InvalidEvent`.
+    flat events; also rejects values JSON cannot express (NaN, infinity,
+    bytes, non-string keys, nesting deeper than :data:`MAX_DEPTH`), so that
+    every valid event can go to msgpack and JSON subscribers alike. Raises
+    :class:`InvalidEvent`.
     """
     if type(obj) is dict:
-        entry = _FAST_PATH.get(obj.get("type"))  # type: ignore[arg-type]
-        if entry is not None:
-            adapter, omittable = entry
+        event_type = obj.get("type")
+        path = _FAST_PATH.get(event_type) if type(event_type) is str else None
+        if path is not None and path.snake_names.isdisjoint(obj):
             try:
-                wire: dict[str, Any] = adapter.validate_python(obj)
+                wire: dict[str, Any] = path.adapter.validate_python(obj)
             except ValidationError:
-                pass  # snake_case keys or a real error: the model path decides
+                pass  # a real error: the model path words it
             else:
                 if None in wire.values():
-                    wire = {k: v for k, v in wire.items() if v is not None or k not in omittable}
+                    omit = path.omittable
+                    wire = {k: v for k, v in wire.items() if v is not None or k not in omit}
+                for key, default in path.defaults:
+                    if key not in wire:
+                        wire[key] = default
+                _check_event_values(wire)
                 return wire
-    return to_wire(parse_event(obj))
+    event = parse_event(obj)  # structural problems first: they are the clearer message
+    if type(obj) is dict:
+        _check_event_values(obj)
+    try:
+        return to_wire(event)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidEvent(f"invalid {event.type.value} event: {exc}") from None

@@ -185,7 +185,8 @@ class ThreadState:
         out += [{"type": "TEXT_MESSAGE_START", **a} for a in self.open_messages.values()]
         out += [{"type": "TOOL_CALL_START", **a} for a in self.open_tool_calls.values()]
         out += [
-            {"type": "REASONING_MESSAGE_START", **a} for a in self.open_reasoning_messages.values()
+            {"type": "REASONING_MESSAGE_START", **a, "role": "reasoning"}
+            for a in self.open_reasoning_messages.values()
         ]
         return out
 

@@ -97,7 +97,7 @@ def _close_chunk(b: _StreamBuilder) -> None:
         b.chunk_text = None
 
 
-def _step(draw: st.DrawFn, b: _StreamBuilder, action: str) -> None:  # noqa: C901
+def _step(draw: st.DrawFn, b: _StreamBuilder, action: str) -> None:
     if action == "run_start" and not b.run_active:
         _close_chunk(b)
         run_id = b.new_id("run")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agui_hub.errors import PatchError
 from agui_hub.events import validate_wire
-from agui_hub.reducer import RunStatus, ThreadState, fold
+from agui_hub.reducer import RunStatus, fold
 from agui_hub.sequence import SequenceVerifier
 
 from .streams import valid_streams

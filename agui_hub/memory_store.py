@@ -1,0 +1,221 @@
+"""The in-process thread store (``memory://``): the zero-set-up default.
+
+It is also the reference implementation of :class:`~agui_hub.store.ThreadStore`:
+the contract tests run against it and against Redis with the same
+expectations. Offsets are made like Redis stream ids (``"<ms>-<seq>"``, strictly
+growing even when the clock steps back), every thread gets a random epoch when
+it is created, and retention trims by length, by age and expires idle threads.
+
+Everything lives in this process: events are gone when it exits, and another
+process cannot see them. Use Redis to share threads between gateways.
+"""
+
+from __future__ import annotations
+
+import bisect
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .codec import encode_msgpack
+from .errors import OffsetExpired
+from .store import (
+    START,
+    Entry,
+    EventInput,
+    FeedSubscription,
+    Offset,
+    Retention,
+    ThreadInfo,
+    check_thread,
+    offset_key,
+)
+
+__all__ = ["MemoryStore"]
+
+
+def new_epoch() -> str:
+    """A fresh random epoch."""
+    return secrets.token_hex(8)
+
+
+@dataclass
+class _Thread:
+    epoch: str
+    entries: list[Entry] = field(default_factory=list)
+    keys: list[tuple[int, int]] = field(default_factory=list)
+    ids: dict[str, Offset] = field(default_factory=dict)
+    last: tuple[int, int] = (0, 0)
+    run_id: str | None = None
+    trimmed: Offset | None = None
+    touched: float = 0.0
+
+
+class MemoryStore:
+    """Thread streams in this process's memory."""
+
+    def __init__(
+        self,
+        *,
+        retention: Retention | None = None,
+        clock: Callable[[], float] = time.time,
+        max_pending_bytes: int | None = None,
+    ) -> None:
+        self.retention = retention or Retention()
+        self._clock = clock
+        self._threads: dict[str, _Thread] = {}
+        self._subs: dict[str, set[FeedSubscription]] = {}
+        self._max_pending = max_pending_bytes
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _get(self, thread: str) -> _Thread | None:
+        state = self._threads.get(thread)
+        if (
+            state is not None
+            and self.retention.ttl
+            and (self._clock() - state.touched > self.retention.ttl)
+        ):
+            del self._threads[thread]  # idle past its TTL: expired whole
+            return None
+        return state
+
+    def _next_key(self, state: _Thread) -> tuple[int, int]:
+        ms = int(self._clock() * 1000)
+        last_ms, last_seq = state.last
+        return (ms, 0) if ms > last_ms else (last_ms, last_seq + 1)
+
+    def _trim(self, state: _Thread) -> None:
+        cut = 0
+        if self.retention.max_len and len(state.entries) > self.retention.max_len:
+            cut = len(state.entries) - self.retention.max_len
+        if self.retention.max_age:
+            oldest_ms = int((self._clock() - self.retention.max_age) * 1000)
+            cut = max(cut, bisect.bisect_left(state.keys, (oldest_ms, 0)))
+        if cut:
+            for entry in state.entries[:cut]:
+                state.ids.pop(entry.event_id, None)
+            state.trimmed = state.entries[cut - 1].offset
+            del state.entries[:cut]
+            del state.keys[:cut]
+
+    # -- the contract ---------------------------------------------------------------------
+
+    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+        check_thread(thread)
+        # Encode first: a value that cannot be encoded appends nothing.
+        encoded = [encode_msgpack(item.event) for item in events]
+        state = self._get(thread)
+        if state is None:
+            state = self._threads[thread] = _Thread(epoch=new_epoch())
+        offsets: list[Offset] = []
+        added: list[Entry] = []
+        for item, data in zip(events, encoded, strict=True):
+            known = state.ids.get(item.event_id)
+            if known is not None:
+                offsets.append(known)
+                continue
+            event_type = str(item.event.get("type", ""))
+            if event_type == "RUN_STARTED" and item.run_id:
+                state.run_id = item.run_id
+            key = self._next_key(state)
+            offset = f"{key[0]}-{key[1]}"
+            entry = Entry(offset, data, item.event_id, item.run_id or state.run_id, event_type)
+            state.entries.append(entry)
+            state.keys.append(key)
+            state.ids[item.event_id] = offset
+            state.last = key
+            offsets.append(offset)
+            added.append(entry)
+        state.touched = self._clock()
+        self._trim(state)
+        if added:
+            for sub in list(self._subs.get(thread, ())):
+                sub._on_live(added, state.epoch)
+        return offsets
+
+    async def _fetch(
+        self, thread: str, after: Offset, limit: int
+    ) -> tuple[str | None, list[Entry]]:
+        after_key = offset_key(after)
+        state = self._get(thread)
+        if state is None:
+            return None, []
+        if state.trimmed is not None and after_key < offset_key(state.trimmed):
+            first = state.entries[0].offset if state.entries else None
+            raise OffsetExpired(thread, after, first)
+        start = bisect.bisect_right(state.keys, after_key)
+        return state.epoch, state.entries[start : start + limit]
+
+    async def read(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> list[Entry]:
+        check_thread(thread)
+        _, entries = await self._fetch(thread, after, limit or 2**62)
+        return entries
+
+    async def epoch(self, thread: str) -> str | None:
+        state = self._get(thread)
+        return state.epoch if state is not None else None
+
+    async def last_offset(self, thread: str) -> Offset:
+        state = self._get(thread)
+        if state is None or state.last == (0, 0):
+            return START
+        return f"{state.last[0]}-{state.last[1]}"
+
+    def subscribe(self, thread: str, after: Offset | None = None) -> FeedSubscription:
+        if self._max_pending is None:
+            return FeedSubscription(self, thread, after)
+        return FeedSubscription(self, thread, after, max_pending_bytes=self._max_pending)
+
+    async def _register(self, sub: FeedSubscription) -> None:
+        self._subs.setdefault(sub.thread, set()).add(sub)
+
+    def _unregister(self, sub: FeedSubscription) -> None:
+        subs = self._subs.get(sub.thread)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.thread]
+
+    async def info(self, thread: str) -> ThreadInfo | None:
+        state = self._get(thread)
+        if state is None:
+            return None
+        ttl = None
+        if self.retention.ttl:
+            ttl = max(0.0, self.retention.ttl - (self._clock() - state.touched))
+        return ThreadInfo(
+            thread=thread,
+            epoch=state.epoch,
+            length=len(state.entries),
+            first=state.entries[0].offset if state.entries else None,
+            last=f"{state.last[0]}-{state.last[1]}" if state.last != (0, 0) else None,
+            trimmed=state.trimmed,
+            run_id=state.run_id,
+            ttl=ttl,
+        )
+
+    async def threads(self, limit: int = 1000) -> list[str]:
+        alive = [t for t in list(self._threads) if self._get(t) is not None]
+        return sorted(alive)[:limit]
+
+    async def delete(self, thread: str) -> bool:
+        state = self._get(thread)
+        if state is None:
+            return False
+        del self._threads[thread]
+        for sub in list(self._subs.get(thread, ())):
+            sub._on_live([], None)
+        return True
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        for subs in list(self._subs.values()):
+            for sub in list(subs):
+                await sub.close()
+        self._subs.clear()

@@ -1,0 +1,632 @@
+"""The Redis thread store (``redis://``, ``rediss://``): one stream per thread.
+
+Keys of one thread share the ``{thread}`` hash tag, so they live in one Redis
+Cluster slot and one Lua script may touch them all (``agui`` is the default
+prefix)::
+
+    agui:{<thread>}:events   stream: one entry per event (see the entry format below)
+    agui:{<thread>}:meta     hash: epoch, run (current run id), trimmed (last trimmed offset)
+    agui:{<thread>}:ids      hash: event id -> offset, for idempotent publishing
+    agui:{<thread>}:notify   pub/sub channel: "new entries", the last offset as payload
+
+Entry format (fields of each stream entry, values are bytes):
+
+    event   msgpack of the event's canonical wire dict (camelCase, no null optionals)
+    id      the producer's event id (idempotency key)
+    run     the run id the event belongs to ("" when unknown)
+    type    the event type, e.g. TEXT_MESSAGE_CONTENT
+
+Publishing (:meth:`RedisStore.append`) is one Lua script: it checks each event
+id, appends, creates the epoch if the thread is new, trims by length and age,
+refreshes the idle TTL and notifies live readers, atomically. A retried call
+with the same event ids returns the original offsets and appends nothing, so
+redis-py's automatic retries cannot duplicate an event.
+
+Live tail: one reader per store object (per process) serves every thread that
+has local subscribers. It keeps one pub/sub connection, subscribes to a
+thread's notify channel while the thread has subscribers, and on a
+notification reads the new entries with XRANGE after an explicit last-seen
+offset (never ``$``), batched in one pipeline for all notified threads. Adding
+or removing a thread sends SUBSCRIBE / UNSUBSCRIBE on the same connection: no
+blocking read is cancelled, no connection opened. Commands go through one
+bounded connection pool, so a process holds the same number of Redis
+connections for 1 or 10,000 live threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .codec import encode_msgpack
+from .errors import OffsetExpired, StoreError, StoreUnavailable
+from .store import (
+    PAGE_SIZE,
+    START,
+    Entry,
+    EventInput,
+    FeedSubscription,
+    Offset,
+    Retention,
+    ThreadInfo,
+    check_thread,
+    offset_key,
+)
+
+__all__ = ["RedisStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# -- key names -------------------------------------------------------------------------
+
+
+def stream_key(prefix: str, thread: str) -> str:
+    return f"{prefix}:{{{thread}}}:events"
+
+
+def meta_key(prefix: str, thread: str) -> str:
+    return f"{prefix}:{{{thread}}}:meta"
+
+
+def ids_key(prefix: str, thread: str) -> str:
+    return f"{prefix}:{{{thread}}}:ids"
+
+
+def notify_channel(prefix: str, thread: str) -> str:
+    return f"{prefix}:{{{thread}}}:notify"
+
+
+# -- scripts -----------------------------------------------------------------------------
+
+# Offsets compare as (ms, seq); both parts fit a Lua double exactly.
+_LUA_OFFSET_LESS = """
+local function offset_less(a, b)
+  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
+  local b_ms, b_seq = string.match(b, '^(%d+)-(%d+)$')
+  a_ms, a_seq, b_ms, b_seq = tonumber(a_ms), tonumber(a_seq), tonumber(b_ms), tonumber(b_seq)
+  return a_ms < b_ms or (a_ms == b_ms and a_seq < b_seq)
+end
+"""
+
+# KEYS: stream, meta, ids
+# ARGV: epoch candidate, max_len, max_age_ms, ttl_ms, channel, n,
+#       then n times: event id, run id, type, msgpack payload
+# Returns: {epoch, {offset per event}}
+APPEND_SCRIPT = """
+local stream, meta, ids = KEYS[1], KEYS[2], KEYS[3]
+local max_len, max_age_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local channel, n = ARGV[5], tonumber(ARGV[6])
+
+local epoch = redis.call('HGET', meta, 'epoch')
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('HSET', meta, 'epoch', epoch)
+end
+local run = redis.call('HGET', meta, 'run') or ''
+
+local offsets, added = {}, 0
+for i = 0, n - 1 do
+  local base = 7 + i * 4
+  local event_id, run_id = ARGV[base], ARGV[base + 1]
+  local event_type, payload = ARGV[base + 2], ARGV[base + 3]
+  local known = redis.call('HGET', ids, event_id)
+  if known then
+    offsets[#offsets + 1] = known
+  else
+    if event_type == 'RUN_STARTED' and run_id ~= '' then
+      run = run_id
+      redis.call('HSET', meta, 'run', run)
+    end
+    if run_id == '' then run_id = run end
+    local offset = redis.call('XADD', stream, '*',
+      'event', payload, 'id', event_id, 'run', run_id, 'type', event_type)
+    redis.call('HSET', ids, event_id, offset)
+    offsets[#offsets + 1] = offset
+    added = added + 1
+  end
+end
+
+-- Retention: forget the ids of trimmed entries, remember the last trimmed offset.
+local function forget(entries)
+  for _, entry in ipairs(entries) do
+    local fields = entry[2]
+    for j = 1, #fields, 2 do
+      if fields[j] == 'id' then
+        redis.call('HDEL', ids, fields[j + 1])
+        break
+      end
+    end
+  end
+  redis.call('HSET', meta, 'trimmed', entries[#entries][1])
+end
+
+if max_len > 0 then
+  local excess = redis.call('XLEN', stream) - max_len
+  if excess > 0 then
+    local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', excess)
+    forget(old)
+    redis.call('XTRIM', stream, 'MAXLEN', max_len)
+  end
+end
+if max_age_ms > 0 then
+  local now = redis.call('TIME')
+  local cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - max_age_ms
+  local bound = '(' .. string.format('%d', cutoff) .. '-0'
+  local old = redis.call('XRANGE', stream, '-', bound, 'COUNT', 1000)
+  if #old > 0 then
+    forget(old)
+    local last_ms, last_seq = string.match(old[#old][1], '^(%d+)-(%d+)$')
+    local next_id = last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1)
+    redis.call('XTRIM', stream, 'MINID', next_id)
+  end
+end
+
+if ttl_ms > 0 then
+  redis.call('PEXPIRE', stream, ttl_ms)
+  redis.call('PEXPIRE', meta, ttl_ms)
+  redis.call('PEXPIRE', ids, ttl_ms)
+end
+if added > 0 then
+  redis.call('PUBLISH', channel, offsets[#offsets])
+end
+return {epoch, offsets}
+"""
+
+# KEYS: stream, meta
+# ARGV: after, limit, epoch candidate
+# Returns: {epoch or false, expired flag, first offset or false, entries}
+READ_SCRIPT = (
+    _LUA_OFFSET_LESS
+    + """
+local stream, meta = KEYS[1], KEYS[2]
+local after, limit = ARGV[1], tonumber(ARGV[2])
+local state = redis.call('HMGET', meta, 'epoch', 'trimmed')
+local epoch, trimmed = state[1], state[2]
+if not epoch then
+  if redis.call('EXISTS', stream) == 0 then
+    return {false, 0, false, {}}
+  end
+  -- A stream written with a plain XADD: it gets its epoch now.
+  epoch = ARGV[3]
+  redis.call('HSET', meta, 'epoch', epoch)
+end
+if trimmed and offset_less(after, trimmed) then
+  local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)
+  local first_id = false
+  if #first > 0 then first_id = first[1][1] end
+  return {epoch, 1, first_id, {}}
+end
+return {epoch, 0, false, redis.call('XRANGE', stream, '(' .. after, '+', 'COUNT', limit)}
+"""
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry(raw: Sequence[Any]) -> Entry:
+    offset = _text(raw[0])
+    fields = raw[1]
+    if isinstance(fields, dict):
+        values = {_text(k): v for k, v in fields.items()}
+    else:
+        values = {_text(fields[i]): fields[i + 1] for i in range(0, len(fields), 2)}
+    run = values.get("run")
+    return Entry(
+        offset=offset,
+        data=bytes(values.get("event", b"")),
+        event_id=_text(values["id"]) if "id" in values else offset,
+        run_id=_text(run) if run else None,
+        type=_text(values.get("type", b"")),
+    )
+
+
+# -- the live reader ------------------------------------------------------------------------
+
+
+@dataclass
+class _Feed:
+    """One thread with local subscribers."""
+
+    cursor: Offset
+    subs: set[FeedSubscription] = field(default_factory=set)
+    epoch: str | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _LiveReader:
+    """Serves every live thread of one store from one pub/sub connection."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._feeds: dict[str, _Feed] = {}
+        self._channels: dict[bytes, str] = {}
+        self._dirty: set[str] = set()
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        return len(self._feeds)
+
+    async def register(self, sub: FeedSubscription) -> None:
+        thread = sub.thread
+        feed = self._feeds.get(thread)
+        if feed is None:
+            feed = self._feeds[thread] = _Feed(cursor=START)
+            try:
+                # Cursor first, then SUBSCRIBE; once the subscription is confirmed
+                # the reader reads after the cursor, covering the window between.
+                feed.cursor = await self._store.last_offset(thread)
+                channel = notify_channel(self._store.prefix, thread)
+                self._channels[channel.encode()] = thread
+                await self._ensure_running()
+                await self._store._call(self._pubsub.subscribe(channel))
+            except BaseException:
+                self._feeds.pop(thread, None)
+                raise
+        feed.subs.add(sub)
+        await feed.ready.wait()
+
+    def unregister(self, sub: FeedSubscription) -> None:
+        feed = self._feeds.get(sub.thread)
+        if feed is None:
+            return
+        feed.subs.discard(sub)
+        if not feed.subs and feed.ready.is_set():
+            del self._feeds[sub.thread]
+            channel = notify_channel(self._store.prefix, sub.thread)
+            self._channels.pop(channel.encode(), None)
+            self._dirty.discard(sub.thread)
+            if self._pubsub is not None and not self._closed:
+                task = asyncio.ensure_future(self._unsubscribe(channel))
+                task.add_done_callback(_log_failure)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self._pubsub.unsubscribe(channel)
+
+    async def _ensure_running(self) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._store._client.pubsub()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="agui-hub redis live reader")
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            try:
+                await self._pump()
+                delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("redis live reader: %s; reconnecting in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                await self._resubscribe()
+
+    async def _resubscribe(self) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self._pubsub.aclose()
+        self._pubsub = self._store._client.pubsub()
+        channels = [notify_channel(self._store.prefix, t) for t in self._feeds]
+        if channels:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.subscribe(*channels)
+
+    async def _pump(self) -> None:
+        """Wait for notifications, then fetch what they announce."""
+        if not self._channels:
+            await asyncio.sleep(0.05)
+            return
+        message = await self._pubsub.get_message(timeout=1.0)
+        budget = 10_000
+        while message is not None and budget:
+            self._handle(message)
+            budget -= 1
+            message = await self._pubsub.get_message(timeout=0)
+        while self._dirty:
+            await self._fetch_dirty()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        channel = message.get("channel")
+        if not isinstance(channel, bytes):
+            channel = str(channel).encode()
+        thread = self._channels.get(channel)
+        if thread is None or thread not in self._feeds:
+            return
+        if kind in ("message", "subscribe"):
+            self._dirty.add(thread)
+        if kind == "subscribe":
+            self._feeds[thread].ready.set()
+
+    async def _fetch_dirty(self) -> None:
+        threads = [t for t in self._dirty if t in self._feeds]
+        self._dirty.clear()
+        if not threads:
+            return
+        pipe = self._store._client.pipeline(transaction=False)
+        for thread in threads:
+            await self._store._queue_read(pipe, thread, self._feeds[thread].cursor, PAGE_SIZE)
+        results = await pipe.execute(raise_on_error=False)
+        for thread, result in zip(threads, results, strict=True):
+            feed = self._feeds.get(thread)
+            if feed is None:
+                continue
+            if isinstance(result, Exception):
+                if isinstance(result, RedisError | OSError):
+                    raise result
+                raise StoreError(f"live read of thread {thread!r} failed: {result}")
+            epoch, expired, first, entries = self._store._parse_read(result)
+            if feed.epoch is not None and epoch != feed.epoch:
+                # Lost or re-created: the subscribers resync; offsets start over.
+                for sub in list(feed.subs):
+                    sub._on_live([], epoch)
+                feed.cursor = START
+                feed.epoch = epoch
+                if epoch is not None:
+                    self._dirty.add(thread)
+                continue
+            feed.epoch = epoch
+            if expired:
+                error = OffsetExpired(thread, feed.cursor, first)
+                for sub in list(feed.subs):
+                    sub._fail(error)
+                feed.cursor = await self._store.last_offset(thread)
+                continue
+            if entries:
+                feed.cursor = entries[-1].offset
+                for sub in list(feed.subs):
+                    sub._on_live(entries, epoch)
+                if len(entries) == PAGE_SIZE:
+                    self._dirty.add(thread)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
+                await self._task
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.aclose()
+        for feed in list(self._feeds.values()):
+            for sub in list(feed.subs):
+                await sub.close()
+        self._feeds.clear()
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("redis live reader: %s", task.exception())
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+class RedisStore:
+    """Thread streams in Redis. See the module docstring for keys and entries."""
+
+    def __init__(
+        self,
+        url: str = "redis://localhost:6379/0",
+        *,
+        prefix: str = "agui",
+        retention: Retention | None = None,
+        max_connections: int = 16,
+        socket_timeout: float = 5.0,
+        max_pending_bytes: int | None = None,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.retention = retention or Retention()
+        self._max_pending = max_pending_bytes
+        # A bounded, blocking pool: concurrency waits for a connection instead of
+        # opening more, so the connection count does not grow with the load.
+        # Values are msgpack bytes: decode_responses must stay off.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            health_check_interval=15,
+            decode_responses=False,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
+        self._client = aioredis.Redis(connection_pool=pool)
+        self._append = self._client.register_script(APPEND_SCRIPT)
+        self._read = self._client.register_script(READ_SCRIPT)
+        self._reader = _LiveReader(self)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r}, prefix={self.prefix!r})"
+
+    async def _call(self, awaitable: Awaitable[T]) -> T:
+        try:
+            return await awaitable
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis at {self.url} is unavailable: {exc}") from exc
+        except RedisError as exc:
+            raise StoreError(f"Redis error: {exc}") from exc
+
+    # -- writing --------------------------------------------------------------------------
+
+    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+        check_thread(thread)
+        if not events:
+            return []
+        r = self.retention
+        args: list[Any] = [
+            secrets.token_hex(8),
+            r.max_len,
+            int(r.max_age * 1000),
+            int(r.ttl * 1000),
+            notify_channel(self.prefix, thread),
+            len(events),
+        ]
+        for item in events:
+            args += [
+                item.event_id,
+                item.run_id or "",
+                str(item.event.get("type", "")),
+                encode_msgpack(item.event),
+            ]
+        keys = [
+            stream_key(self.prefix, thread),
+            meta_key(self.prefix, thread),
+            ids_key(self.prefix, thread),
+        ]
+        _epoch, offsets = await self._call(self._append(keys=keys, args=args))
+        return [_text(o) for o in offsets]
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def _queue_read(self, pipe: Any, thread: str, after: Offset, limit: int) -> None:
+        keys = [stream_key(self.prefix, thread), meta_key(self.prefix, thread)]
+        await self._read(keys=keys, args=[after, limit, secrets.token_hex(8)], client=pipe)
+
+    @staticmethod
+    def _parse_read(result: Sequence[Any]) -> tuple[str | None, bool, Offset | None, list[Entry]]:
+        epoch, expired, first, raw = result
+        return (
+            _text(epoch) if epoch else None,
+            bool(expired),
+            _text(first) if first else None,
+            [_entry(item) for item in raw],
+        )
+
+    async def _fetch(
+        self, thread: str, after: Offset, limit: int
+    ) -> tuple[str | None, list[Entry]]:
+        offset_key(after)
+        keys = [stream_key(self.prefix, thread), meta_key(self.prefix, thread)]
+        result = await self._call(self._read(keys=keys, args=[after, limit, secrets.token_hex(8)]))
+        epoch, expired, first, entries = self._parse_read(result)
+        if expired:
+            raise OffsetExpired(thread, after, first)
+        return epoch, entries
+
+    async def read(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> list[Entry]:
+        check_thread(thread)
+        if limit is not None:
+            return (await self._fetch(thread, after, limit))[1]
+        out: list[Entry] = []
+        cursor = after
+        while True:
+            _, page = await self._fetch(thread, cursor, 5000)
+            out += page
+            if len(page) < 5000:
+                return out
+            cursor = page[-1].offset
+
+    async def epoch(self, thread: str) -> str | None:
+        check_thread(thread)
+        epoch, _ = await self._fetch(thread, "999999999999999-0", 1)
+        return epoch
+
+    async def last_offset(self, thread: str) -> Offset:
+        last = await self._call(self._client.xrevrange(stream_key(self.prefix, thread), count=1))
+        return _text(last[0][0]) if last else START
+
+    def subscribe(self, thread: str, after: Offset | None = None) -> FeedSubscription:
+        if self._max_pending is None:
+            return FeedSubscription(self, thread, after)
+        return FeedSubscription(self, thread, after, max_pending_bytes=self._max_pending)
+
+    async def _register(self, sub: FeedSubscription) -> None:
+        await self._reader.register(sub)
+
+    def _unregister(self, sub: FeedSubscription) -> None:
+        self._reader.unregister(sub)
+
+    @property
+    def live_threads(self) -> int:
+        """Threads the live reader currently serves."""
+        return self._reader.threads
+
+    # -- operators --------------------------------------------------------------------------
+
+    async def info(self, thread: str) -> ThreadInfo | None:
+        check_thread(thread)
+        epoch = await self.epoch(thread)
+        if epoch is None:
+            return None
+        stream = stream_key(self.prefix, thread)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xlen(stream)
+        pipe.xrange(stream, count=1)
+        pipe.xrevrange(stream, count=1)
+        pipe.hmget(meta_key(self.prefix, thread), ["run", "trimmed"])
+        pipe.pttl(stream)
+        length, first, last, (run, trimmed), pttl = await self._call(pipe.execute())
+        return ThreadInfo(
+            thread=thread,
+            epoch=epoch,
+            length=int(length),
+            first=_text(first[0][0]) if first else None,
+            last=_text(last[0][0]) if last else None,
+            trimmed=_text(trimmed) if trimmed else None,
+            run_id=_text(run) if run else None,
+            ttl=pttl / 1000 if pttl and pttl > 0 else None,
+        )
+
+    async def threads(self, limit: int = 1000) -> list[str]:
+        pattern = f"{self.prefix}:{{*}}:events"
+        head, tail = len(self.prefix) + 2, len("}:events")
+        found: set[str] = set()
+        async for key in self._client.scan_iter(match=pattern, count=1000, _type="stream"):
+            found.add(_text(key)[head:-tail])
+            if len(found) >= limit:
+                break
+        return sorted(found)
+
+    async def delete(self, thread: str) -> bool:
+        check_thread(thread)
+        keys = [
+            stream_key(self.prefix, thread),
+            meta_key(self.prefix, thread),
+            ids_key(self.prefix, thread),
+        ]
+        removed = await self._call(self._client.delete(*keys))
+        # Tell live readers, so their subscribers learn of the reset now.
+        await self._call(self._client.publish(notify_channel(self.prefix, thread), "deleted"))
+        return bool(removed)
+
+    async def ping(self) -> None:
+        await self._call(self._client.ping())
+
+    async def connections(self) -> int:
+        """Client connections Redis sees from this store (``CLIENT LIST``), for operators."""
+        pool = self._client.connection_pool
+        in_use = len(getattr(pool, "_in_use_connections", ()))
+        available = len(getattr(pool, "_available_connections", ()))
+        pubsub = 1 if self._reader._pubsub is not None else 0
+        return in_use + available + pubsub
+
+    async def close(self) -> None:
+        await self._reader.close()
+        await self._client.aclose()
+        await self._client.connection_pool.disconnect()

@@ -1,0 +1,504 @@
+"""Thread streams: where every thread's events live, in order, with offsets.
+
+One typed interface, :class:`ThreadStore`, with two implementations that pass
+the same contract tests:
+
+* :class:`~agui_hub.memory_store.MemoryStore` (``memory://``): in-process, the
+  zero-set-up default and the reference implementation;
+* :class:`~agui_hub.redis_store.RedisStore` (``redis://``, ``rediss://``):
+  one Redis stream per thread, for real deployments.
+
+Pick one by URL with :func:`open_store`::
+
+    store = open_store("redis://localhost:6379/0?max_len=100000&ttl=86400")
+    offsets = await store.append("thread-1", [EventInput(wire_event, event_id="e1")])
+    entries = await store.read("thread-1", after=START)
+    async with store.subscribe("thread-1", after=offsets[-1]) as feed:
+        async for entry in feed:
+            ...
+
+Offsets
+-------
+An :class:`Offset` is the Redis stream entry id of the event, ``"<ms>-<seq>"``
+(the memory store makes ids the same way). Offsets of one thread grow strictly,
+compare with :func:`offset_key`, and survive gateway restarts. They are only
+meaningful together with the thread's **epoch**, an opaque string that changes
+when the thread's stream was lost and re-created (Redis restarted without
+persistence, key evicted or expired, thread deleted): a client that resumes
+"after X in epoch E" gets exactly the events after X when E is still the epoch,
+and is told to resync otherwise.
+
+Errors
+------
+Store failures derive from :class:`~agui_hub.errors.StoreError`; see
+:mod:`agui_hub.errors` for the whole tree. :class:`OffsetExpired` means "the
+events you asked for were trimmed", :class:`ThreadReset` "the stream was
+re-created": never a silent partial read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import re
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from .errors import (
+    InvalidEvent,
+    InvalidOffset,
+    OffsetExpired,
+    StoreError,
+    StoreUnavailable,
+    SubscriptionLagged,
+    ThreadReset,
+)
+
+__all__ = [
+    "START",
+    "Entry",
+    "EventInput",
+    "FeedSubscription",
+    "InvalidOffset",
+    "Offset",
+    "OffsetExpired",
+    "Retention",
+    "StoreError",
+    "StoreUnavailable",
+    "SubscriptionLagged",
+    "ThreadInfo",
+    "ThreadReset",
+    "ThreadStore",
+    "check_thread",
+    "offset_key",
+    "open_store",
+]
+
+Offset = str
+"""A stream entry id, ``"<ms>-<seq>"``; see the module docstring."""
+
+START: Offset = "0-0"
+"""The offset before the first event: ``read(after=START)`` reads from the beginning."""
+
+_OFFSET_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+MAX_THREAD_LENGTH = 256
+
+
+# -- values ----------------------------------------------------------------------
+
+
+def offset_key(offset: Offset) -> tuple[int, int]:
+    """The sort key of an offset. Raises :class:`InvalidOffset`."""
+    match = _OFFSET_RE.match(offset) if isinstance(offset, str) else None
+    if match is None:
+        raise InvalidOffset(f"invalid offset {offset!r}: expected '<ms>-<seq>', e.g. '0-0'")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_thread(thread: str) -> str:
+    """Return *thread* if it is a valid thread name, else raise :class:`InvalidEvent`.
+
+    A thread name is 1 to 256 characters without control characters.
+    """
+    if not isinstance(thread, str) or not 0 < len(thread) <= MAX_THREAD_LENGTH:
+        raise InvalidEvent(f"a thread name is a string of 1 to {MAX_THREAD_LENGTH} characters")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in thread):
+        raise InvalidEvent(f"thread name {thread!r} contains control characters")
+    return thread
+
+
+@dataclass(frozen=True, slots=True)
+class EventInput:
+    """One event to append.
+
+    ``event`` is the canonical wire dict (validated); ``event_id`` is the
+    producer-assigned idempotency key (a retry with the same id appends
+    nothing and returns the original offset); ``run_id`` is the run the event
+    belongs to when known (RUN_STARTED / RUN_FINISHED carry it; other events
+    inherit the thread's current run).
+    """
+
+    event: dict[str, Any]
+    event_id: str
+    run_id: str | None = None
+
+    @classmethod
+    def of(cls, event: dict[str, Any], event_id: str | None = None) -> EventInput:
+        """Wrap a validated wire dict; take the run id from it, make an id if none given.
+
+        A generated id protects nothing: a producer that retries must keep
+        the id it used the first time.
+        """
+        run_id = event.get("runId")
+        return cls(event, event_id or uuid.uuid4().hex, run_id if isinstance(run_id, str) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored event: its offset, the msgpack bytes of its wire dict, its ids."""
+
+    offset: Offset
+    data: bytes
+    event_id: str
+    run_id: str | None
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    """What an operator sees of a thread."""
+
+    thread: str
+    epoch: str
+    length: int
+    first: Offset | None
+    last: Offset | None
+    trimmed: Offset | None
+    """Offset of the last event removed by retention (``None``: nothing trimmed)."""
+    run_id: str | None
+    ttl: float | None
+    """Seconds until the idle thread expires, ``None`` when it does not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long a thread's events are kept. ``0`` / ``None`` disables a limit."""
+
+    max_len: int = 0
+    """Keep at most this many events per thread (oldest go first)."""
+    max_age: float = 0.0
+    """Drop events older than this many seconds (checked when the thread is appended to)."""
+    ttl: float = 0.0
+    """Delete a whole thread after this many seconds without an append."""
+
+    def __post_init__(self) -> None:
+        if self.max_len < 0 or self.max_age < 0 or self.ttl < 0:
+            raise ValueError("retention limits must not be negative")
+
+
+# -- the interface -------------------------------------------------------------------
+
+
+class ThreadStore(Protocol):
+    """The contract both stores implement. All methods are coroutines except
+    :meth:`subscribe`, which returns an async context manager."""
+
+    retention: Retention
+
+    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+        """Append *events* atomically, in order; return one offset per event.
+
+        A retried event id returns the original offset and appends nothing.
+        """
+        ...
+
+    async def read(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> list[Entry]:
+        """Entries after *after*, oldest first, at most *limit*.
+
+        Raises :class:`OffsetExpired` if events after *after* were trimmed.
+        An unknown thread reads as empty.
+        """
+        ...
+
+    async def epoch(self, thread: str) -> str | None:
+        """The thread's epoch, ``None`` when the thread does not exist."""
+        ...
+
+    async def last_offset(self, thread: str) -> Offset:
+        """Offset of the newest event, :data:`START` when the thread is empty."""
+        ...
+
+    def subscribe(self, thread: str, after: Offset | None = None) -> FeedSubscription:
+        """A live feed of entries after *after* (``None``: only new events).
+
+        Use it as ``async with store.subscribe(t, after) as feed: async for
+        entry in feed``; see :class:`FeedSubscription` for the guarantees.
+        """
+        ...
+
+    async def info(self, thread: str) -> ThreadInfo | None:
+        """Operator view of one thread, ``None`` when it does not exist."""
+        ...
+
+    async def threads(self, limit: int = 1000) -> list[str]:
+        """Names of stored threads (at most *limit*)."""
+        ...
+
+    async def delete(self, thread: str) -> bool:
+        """Delete a thread and all its events; ``True`` if it existed."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise :class:`StoreUnavailable` unless the backend answers."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and end every subscription."""
+        ...
+
+
+# -- live feeds (shared by both stores) ------------------------------------------------
+
+PAGE_SIZE = 500
+"""Entries fetched per round trip while a subscription catches up."""
+
+DEFAULT_MAX_PENDING_BYTES = 8 * 1024 * 1024
+"""Default bound of a subscription's queue (bytes of event data)."""
+
+
+class FeedBackend(Protocol):
+    """What :class:`FeedSubscription` needs from a store."""
+
+    async def _fetch(
+        self, thread: str, after: Offset, limit: int
+    ) -> tuple[str | None, list[Entry]]:
+        """(epoch, entries after *after*); raises OffsetExpired."""
+        ...
+
+    async def last_offset(self, thread: str) -> Offset: ...
+
+    async def _register(self, sub: FeedSubscription) -> None:
+        """Start calling ``sub._on_live`` with every entry appended from now on."""
+        ...
+
+    def _unregister(self, sub: FeedSubscription) -> None: ...
+
+
+class FeedState(enum.Enum):
+    NEW = "new"
+    CATCHING_UP = "catching_up"
+    LIVE = "live"
+    CLOSED = "closed"
+
+
+class FeedSubscription:
+    """A gap-free live feed of one thread, shared by both store implementations.
+
+    Hand-off from history to live without a gap or a duplicate: the
+    subscription registers for live entries first (buffering them), then
+    reads history page by page as the consumer asks for more, then delivers
+    the buffer; every entry at or before the last delivered offset is
+    dropped. Its queue is bounded in bytes; on overflow it fails with
+    :class:`SubscriptionLagged` after delivering what it holds.
+    """
+
+    def __init__(
+        self,
+        backend: FeedBackend,
+        thread: str,
+        after: Offset | None,
+        *,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ) -> None:
+        self.thread = check_thread(thread)
+        if after is not None:
+            offset_key(after)  # validate early, in the caller's frame
+        self._backend = backend
+        self._after = after
+        self.last: Offset = after or START
+        self.epoch: str | None = None
+        self.state = FeedState.NEW
+        self._max_pending = max_pending_bytes
+        self._queue: deque[Entry] = deque()
+        self._pending_bytes = 0
+        self._buffer: list[Entry] = []
+        self._buffer_bytes = 0
+        self._cursor: Offset = after or START
+        self._last_key = offset_key(self._cursor)
+        self._error: BaseException | None = None
+        self._wake = asyncio.Event()
+
+    # -- consumer side -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Register for live entries; idempotent. ``async with`` calls it."""
+        if self.state is not FeedState.NEW:
+            return
+        self.state = FeedState.CATCHING_UP
+        await self._backend._register(self)
+        if self._after is None:
+            # Registered first, so nothing appended from here on can be missed.
+            self._cursor = await self._backend.last_offset(self.thread)
+            self._last_key = offset_key(self._cursor)
+            self.last = self._cursor
+
+    def __aiter__(self) -> FeedSubscription:
+        return self
+
+    async def __anext__(self) -> Entry:
+        await self.open()
+        while True:
+            if self._queue:
+                entry = self._queue.popleft()
+                self._pending_bytes -= len(entry.data)
+                self.last = entry.offset
+                return entry
+            if self._error is not None:
+                raise self._error
+            if self.state is FeedState.CLOSED:
+                raise StopAsyncIteration
+            if self.state is FeedState.CATCHING_UP:
+                await self._catch_up_one_page()
+                continue
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def close(self) -> None:
+        if self.state is not FeedState.CLOSED:
+            registered = self.state is not FeedState.NEW
+            self.state = FeedState.CLOSED
+            self._wake.set()
+            if registered:
+                self._backend._unregister(self)
+
+    async def __aenter__(self) -> FeedSubscription:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- store side ---------------------------------------------------------------------
+
+    async def _catch_up_one_page(self) -> None:
+        epoch, page = await self._backend._fetch(self.thread, self._cursor, PAGE_SIZE)
+        if not self._check_epoch(epoch):
+            return
+        if page:
+            self._cursor = page[-1].offset
+            self._enqueue(page)
+            return
+        # History exhausted: what arrived live meanwhile follows, then live mode.
+        self.state = FeedState.LIVE
+        buffered, self._buffer, self._buffer_bytes = self._buffer, [], 0
+        self._enqueue(buffered)
+
+    def _check_epoch(self, epoch: str | None) -> bool:
+        if self.epoch is None:
+            self.epoch = epoch
+            return True
+        if epoch != self.epoch:
+            self._fail(ThreadReset(self.thread, self.epoch, epoch))
+            return False
+        return True
+
+    def _on_live(self, entries: Sequence[Entry], epoch: str | None) -> None:
+        """Called by the store with entries appended to the thread, in order."""
+        if self.state is FeedState.CLOSED or self._error is not None:
+            return
+        if self.state is FeedState.LIVE:
+            if self._check_epoch(epoch):
+                self._enqueue(entries, pushed=True)
+            return
+        if self.epoch is not None and epoch != self.epoch:
+            self._fail(ThreadReset(self.thread, self.epoch, epoch))
+            return
+        self._buffer.extend(entries)
+        self._buffer_bytes += sum(len(e.data) for e in entries)
+        if self._buffer_bytes > self._max_pending:
+            self._fail(SubscriptionLagged(self.thread, self.last))
+
+    def _enqueue(self, entries: Sequence[Entry], *, pushed: bool = False) -> None:
+        for entry in entries:
+            key = offset_key(entry.offset)
+            if key <= self._last_key:
+                continue  # already delivered (history and live overlap)
+            self._queue.append(entry)
+            self._pending_bytes += len(entry.data)
+            self._last_key = key
+        # Only pushed (live) entries count against the bound: pages of history
+        # are pulled at the consumer's pace.
+        if pushed and self._pending_bytes > self._max_pending:
+            self._fail(SubscriptionLagged(self.thread, self.last))
+        self._wake.set()
+
+    def _fail(self, error: BaseException) -> None:
+        """End the feed with *error*, after the entries it already holds."""
+        if self._error is None:
+            if isinstance(error, SubscriptionLagged):
+                self._queue.clear()  # resume from what the consumer has actually seen
+                self._pending_bytes = 0
+                error = SubscriptionLagged(self.thread, self.last)
+            self._error = error
+        self._wake.set()
+
+
+# -- choosing a store by URL -------------------------------------------------------------
+
+
+@dataclass
+class StoreURL:
+    """A parsed store URL: scheme, Redis connection URL, options from the query."""
+
+    scheme: str
+    redis_url: str | None
+    prefix: str = "agui"
+    retention: Retention = field(default_factory=Retention)
+
+
+def _parse_retention(query: dict[str, list[str]]) -> Retention:
+    def number(name: str, kind: type[float] | type[int]) -> Any:
+        if name not in query:
+            return kind(0)
+        raw = query[name][-1]
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"store URL option {name}={raw!r} is not a number") from None
+
+    return Retention(
+        max_len=number("max_len", int), max_age=number("max_age", float), ttl=number("ttl", float)
+    )
+
+
+_KNOWN_OPTIONS = {"max_len", "max_age", "ttl", "prefix"}
+
+
+def parse_store_url(url: str) -> StoreURL:
+    """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&max_age=…&ttl=…``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = set(query) - _KNOWN_OPTIONS
+    if scheme not in {"memory", "redis", "rediss"}:
+        raise ValueError(
+            f"unsupported store URL {url!r}: use memory://, redis://host:port/db or rediss://…"
+        )
+    redis_url = None
+    if scheme in {"redis", "rediss"}:
+        # Pass the options redis-py understands through; keep ours.
+        passthrough = "&".join(
+            f"{k}={v}" for k, values in query.items() if k not in _KNOWN_OPTIONS for v in values
+        )
+        redis_url = parts._replace(query=passthrough).geturl()
+    elif unknown:
+        raise ValueError(f"unknown store URL option(s): {', '.join(sorted(unknown))}")
+    prefix = query.get("prefix", ["agui"])[-1]
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise ValueError("store URL option prefix must be non-empty and without braces")
+    return StoreURL(scheme, redis_url, prefix, _parse_retention(query))
+
+
+def open_store(url: str | None = None, *, retention: Retention | None = None) -> ThreadStore:
+    """Create the store named by *url* (``None`` or ``""``: the memory store).
+
+    Options in the URL's query: ``prefix`` (Redis key prefix, default
+    ``agui``), ``max_len``, ``max_age`` (seconds), ``ttl`` (seconds). An
+    explicit *retention* overrides the URL's.
+    """
+    parsed = parse_store_url(url or "memory://")
+    chosen = retention or parsed.retention
+    if parsed.scheme == "memory":
+        from .memory_store import MemoryStore
+
+        return MemoryStore(retention=chosen)
+    from .redis_store import RedisStore
+
+    assert parsed.redis_url is not None
+    return RedisStore(parsed.redis_url, prefix=parsed.prefix, retention=chosen)

@@ -1,0 +1,114 @@
+"""Shared fixtures: real redis-server processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TIMEOUT_SCALE = float(os.environ.get("AGUI_HUB_TEST_TIMEOUT_SCALE", "1"))
+"""Multiply every wait in the tests by this on slow machines."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server process on 127.0.0.1, started and stopped by a test."""
+
+    def __init__(self, workdir: Path, *, appendonly: bool = False) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: apt-get install -y redis-server")
+        self.binary = binary
+        self.workdir = workdir
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [
+            self.binary,
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.workdir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--protected-mode", "yes",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10 * TIMEOUT_SCALE
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"redis-server exited at start: {err}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not answer within 10 s")
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=10 * TIMEOUT_SCALE)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the whole session; tests isolate by key prefix."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-shared"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own (to restart or kill), no persistence."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis_aof(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own with AOF persistence (fsync always)."""
+    server = RedisServer(tmp_path / "redis-aof", appendonly=True)
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,85 @@
+"""Fuzz the whole protocol pipeline: parse, verify, expand, reduce.
+
+Whatever a producer sends, each stage either accepts the event or raises one
+of the project's own ProtocolError subclasses; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agui_hub.chunks import ChunkExpander
+from agui_hub.errors import ProtocolError
+from agui_hub.events import validate_wire
+from agui_hub.reducer import ThreadState, fold
+from agui_hub.sequence import SequenceVerifier
+
+CORPUS = [
+    entry["event"]
+    for entry in json.loads((Path(__file__).parent / "corpus" / "events.json").read_text())
+]
+IDS = st.sampled_from(["a", "b", "c"])
+ID_FIELDS = (
+    "messageId",
+    "toolCallId",
+    "stepName",
+    "subagentRunId",
+    "runId",
+    "entityId",
+    "parentMessageId",
+)
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> Any:
+    """Mostly corpus events with ids from a tiny alphabet (so they collide), some junk."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(JUNK)
+    event = copy.deepcopy(draw(st.sampled_from(CORPUS)))
+    for field in ID_FIELDS:
+        if field in event and draw(st.booleans()):
+            event[field] = draw(IDS)
+    if draw(st.integers(0, 5)) == 0:
+        event[draw(st.sampled_from(sorted(event)))] = draw(JUNK)
+    if event.get("type") == "STATE_DELTA" and draw(st.booleans()):
+        event["delta"] = [{"op": "replace", "path": "/" + draw(IDS), "value": 1}]
+    return event
+
+
+@settings(max_examples=int(os.environ.get('AGUI_HUB_FUZZ_EXAMPLES', '300')), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events(), max_size=40))
+def test_pipeline_raises_only_protocol_errors(stream: list[Any]) -> None:
+    verifier, expander, state = SequenceVerifier(thread="fuzz"), ChunkExpander(), ThreadState()
+    accepted = 0
+    for raw in stream:
+        try:
+            wire = validate_wire(raw)
+            verifier.verify(wire)
+            for event in expander.expand(wire):
+                state.apply(event)
+            accepted += 1
+        except ProtocolError:
+            continue
+    try:
+        for event in expander.flush():
+            state.apply(event)
+    except ProtocolError:
+        pass
+    # Whatever got through can be rendered compactly and rebuilt identically.
+    compact = state.compact()
+    assert [validate_wire(event) for event in compact] == compact
+    assert fold(compact) == state, f"{accepted} events accepted"

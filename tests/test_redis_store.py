@@ -1,0 +1,145 @@
+"""Redis-only behaviour of agui_hub.redis_store, on real redis-server processes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgpack
+import pytest
+import redis.asyncio as aioredis
+
+from agui_hub.errors import StoreUnavailable, ThreadReset
+from agui_hub.redis_store import RedisStore, notify_channel, stream_key
+from agui_hub.store import START, EventInput, Retention
+
+from .conftest import TIMEOUT_SCALE, RedisServer
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def item(i: int) -> EventInput:
+    event = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"d{i}"}
+    return EventInput.of(event, f"e{i}")
+
+
+async def collect(feed: Any, count: int) -> list[Any]:
+    got = []
+    async for entry in feed:
+        got.append(entry)
+        if len(got) == count:
+            break
+    return got
+
+
+async def client_ids(admin: aioredis.Redis) -> set[int]:
+    """Ids of the client connections Redis sees, except the one asking."""
+    me = await admin.client_id()
+    return {int(c["id"]) for c in await admin.client_list() if int(c["id"]) != me}
+
+
+async def test_data_and_epoch_survive_a_restart_with_aof(own_redis_aof: RedisServer) -> None:
+    store = RedisStore(own_redis_aof.url)
+    offsets = await store.append("t", [item(1), item(2)])
+    epoch = await store.epoch("t")
+    own_redis_aof.restart()
+    assert await store.epoch("t") == epoch
+    assert [e.offset for e in await store.read("t")] == offsets
+    # Idempotency survives too: the retry returns the stored offset.
+    assert await store.append("t", [item(2)]) == [offsets[1]]
+    await store.close()
+
+
+async def test_restart_without_persistence_changes_the_epoch(own_redis: RedisServer) -> None:
+    store = RedisStore(own_redis.url)
+    await store.append("t", [item(1)])
+    epoch = await store.epoch("t")
+    async with store.subscribe("t", after=START) as feed:
+        assert len(await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)) == 1
+        own_redis.restart()  # everything is gone
+        await store.append("t", [item(1)])
+        new_epoch = await store.epoch("t")
+        assert new_epoch not in (None, epoch)
+        with pytest.raises(ThreadReset) as info:
+            await asyncio.wait_for(collect(feed, 1), 20 * TIMEOUT_SCALE)
+    assert info.value.old_epoch == epoch and info.value.new_epoch in (None, new_epoch)
+    await store.close()
+
+
+async def test_live_feed_recovers_after_a_restart_with_aof(own_redis_aof: RedisServer) -> None:
+    store = RedisStore(own_redis_aof.url)
+    await store.append("t", [item(0)])
+    async with store.subscribe("t", after=START) as feed:
+        assert len(await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)) == 1
+        own_redis_aof.restart()
+        for i in range(1, 4):
+            await store.append("t", [item(i)])
+        got = await asyncio.wait_for(collect(feed, 3), 20 * TIMEOUT_SCALE)
+    assert [msgpack.unpackb(e.data)["delta"] for e in got] == ["d1", "d2", "d3"]
+    await store.close()
+
+
+async def test_unreachable_redis_is_store_unavailable(own_redis: RedisServer) -> None:
+    store = RedisStore(own_redis.url, socket_timeout=1.0)
+    await store.ping()
+    own_redis.stop(kill=True)
+    with pytest.raises(StoreUnavailable, match="unavailable"):
+        await store.ping()
+    with pytest.raises(StoreUnavailable):
+        await store.append("t", [item(1)])
+    own_redis.start()
+    assert await store.append("t", [item(1)])
+    await store.close()
+
+
+async def test_connections_stay_constant_with_many_live_threads(own_redis: RedisServer) -> None:
+    admin = aioredis.Redis.from_url(own_redis.url)
+    store = RedisStore(own_redis.url, max_connections=4)
+    feeds = []
+    first = store.subscribe("thread-0")
+    await first.open()
+    feeds.append(first)
+    await store.append("thread-0", [item(0)])
+    await asyncio.gather(*(store.ping() for _ in range(20)))  # the pool at its size
+    with_one = await client_ids(admin)
+    for n in range(1, 500):
+        feed = store.subscribe(f"thread-{n}")
+        feeds.append(feed)
+    await asyncio.gather(*(feed.open() for feed in feeds[1:]))
+    assert store.live_threads == 500
+    await asyncio.gather(*(store.append(f"thread-{n}", [item(n)]) for n in range(500)))
+    with_many = await client_ids(admin)
+    # Same connections: none opened for the new threads, none dropped and reopened.
+    assert with_many == with_one
+    assert len(with_many) <= 5  # pool of 4 + the live reader's pub/sub connection
+    for feed in feeds:
+        await feed.close()
+    await store.close()
+    await admin.aclose()
+
+
+async def test_plain_xadd_from_another_language_is_readable(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, prefix="plainxadd")
+    raw = aioredis.Redis.from_url(redis_server.url)
+    payload = msgpack.packb({"type": "CUSTOM", "name": "n", "value": 1})
+    async with store.subscribe("t", after=START) as feed:
+        reading = asyncio.create_task(collect(feed, 1))
+        await asyncio.sleep(0.05)
+        offset = await raw.xadd(stream_key("plainxadd", "t"), {"event": payload, "id": "x1"})
+        await raw.publish(notify_channel("plainxadd", "t"), offset)
+        got = await asyncio.wait_for(reading, 10 * TIMEOUT_SCALE)
+    assert got[0].data == payload and got[0].event_id == "x1"
+    assert await store.epoch("t")  # created on first read
+    await raw.aclose()
+    await store.close()
+
+
+async def test_retention_options_reach_redis(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, prefix="ret", retention=Retention(max_len=2, ttl=30))
+    await store.append("t", [item(i) for i in range(4)])
+    raw = aioredis.Redis.from_url(redis_server.url)
+    assert await raw.xlen(stream_key("ret", "t")) == 2
+    assert 0 < await raw.ttl(stream_key("ret", "t")) <= 30
+    assert await raw.hlen("ret:{t}:ids") == 2  # ids of trimmed events are forgotten
+    await raw.aclose()
+    await store.close()

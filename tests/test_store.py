@@ -1,0 +1,334 @@
+"""The ThreadStore contract, run against both stores (memory and a real redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgpack
+import pytest
+
+from agui_hub.errors import (
+    InvalidEvent,
+    InvalidOffset,
+    OffsetExpired,
+    SubscriptionLagged,
+    ThreadReset,
+)
+from agui_hub.memory_store import MemoryStore
+from agui_hub.redis_store import RedisStore
+from agui_hub.store import (
+    START,
+    EventInput,
+    Retention,
+    ThreadStore,
+    offset_key,
+    open_store,
+    parse_store_url,
+)
+
+from .conftest import TIMEOUT_SCALE, RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+StoreFactory = Callable[..., Awaitable[ThreadStore]]
+
+
+def content(i: int, message: str = "m1") -> dict[str, Any]:
+    return {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": f"d{i}"}
+
+
+def item(i: int, prefix: str = "e") -> EventInput:
+    return EventInput.of(content(i), f"{prefix}{i}")
+
+
+def deltas(entries: list[Any]) -> list[str]:
+    return [msgpack.unpackb(e.data)["delta"] for e in entries]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[StoreFactory]:
+    created: list[ThreadStore] = []
+
+    async def factory(retention: Retention | None = None, **kwargs: Any) -> ThreadStore:
+        store: ThreadStore
+        if request.param == "memory":
+            store = MemoryStore(retention=retention, **kwargs)
+        else:
+            prefix = f"t{uuid.uuid4().hex[:12]}"
+            store = RedisStore(redis_server.url, prefix=prefix, retention=retention, **kwargs)
+        created.append(store)
+        return store
+
+    yield factory
+    for store in created:
+        await store.close()
+
+
+async def test_append_and_read_in_order(make_store: StoreFactory) -> None:
+    store = await make_store()
+    offsets = await store.append("t", [item(i) for i in range(5)])
+    assert len(offsets) == 5
+    assert [offset_key(o) for o in offsets] == sorted(offset_key(o) for o in offsets)
+    assert len(set(offsets)) == 5
+    entries = await store.read("t")
+    assert [e.offset for e in entries] == offsets
+    assert deltas(entries) == [f"d{i}" for i in range(5)]
+    assert [e.event_id for e in entries] == [f"e{i}" for i in range(5)]
+    assert {e.type for e in entries} == {"TEXT_MESSAGE_CONTENT"}
+    assert deltas(await store.read("t", after=offsets[1])) == ["d2", "d3", "d4"]
+    assert deltas(await store.read("t", after=offsets[1], limit=2)) == ["d2", "d3"]
+    assert await store.read("t", after=offsets[-1]) == []
+    assert await store.last_offset("t") == offsets[-1]
+
+
+async def test_unknown_thread_is_empty(make_store: StoreFactory) -> None:
+    store = await make_store()
+    assert await store.read("nobody") == []
+    assert await store.epoch("nobody") is None
+    assert await store.last_offset("nobody") == START
+    assert await store.info("nobody") is None
+    assert await store.delete("nobody") is False
+
+
+async def test_retry_with_the_same_event_id_appends_nothing(make_store: StoreFactory) -> None:
+    store = await make_store()
+    first = await store.append("t", [item(1), item(2)])
+    again = await store.append("t", [item(2), item(3), item(3)])
+    assert again[0] == first[1]
+    assert again[1] == again[2]  # a duplicate inside one batch too
+    assert deltas(await store.read("t")) == ["d1", "d2", "d3"]
+
+
+async def test_run_id_is_inherited_from_run_started(make_store: StoreFactory) -> None:
+    store = await make_store()
+    started = {"type": "RUN_STARTED", "threadId": "t", "runId": "r1"}
+    await store.append("t", [EventInput.of(started, "s"), item(1)])
+    await store.append("t", [EventInput(content(2), "x", run_id="explicit")])
+    assert [e.run_id for e in await store.read("t")] == ["r1", "r1", "explicit"]
+    info = await store.info("t")
+    assert info is not None and info.run_id == "r1" and info.length == 3
+
+
+async def test_epoch_is_stable_and_changes_when_recreated(make_store: StoreFactory) -> None:
+    store = await make_store()
+    await store.append("t", [item(1)])
+    epoch = await store.epoch("t")
+    assert epoch
+    await store.append("t", [item(2)])
+    assert await store.epoch("t") == epoch
+    assert await store.delete("t") is True
+    assert await store.epoch("t") is None
+    await store.append("t", [item(1)])
+    assert await store.epoch("t") not in (None, epoch)
+    assert deltas(await store.read("t")) == ["d1"]  # the old id was forgotten
+
+
+async def test_trim_by_length_and_offset_expired(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_len=3))
+    offsets = [(await store.append("t", [item(i)]))[0] for i in range(6)]
+    assert deltas(await store.read("t", after=offsets[2])) == ["d3", "d4", "d5"]
+    with pytest.raises(OffsetExpired) as info:
+        await store.read("t")
+    assert info.value.first == offsets[3] and info.value.offset == START
+    with pytest.raises(OffsetExpired):
+        await store.read("t", after=offsets[1])
+    thread = await store.info("t")
+    assert thread is not None and thread.length == 3 and thread.trimmed == offsets[2]
+    # The id of a trimmed event is forgotten: publishing it again appends again.
+    assert (await store.append("t", [item(0)]))[0] != offsets[0]
+
+
+async def test_trim_by_age(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_age=0.3))
+    old = await store.append("t", [item(1), item(2)])
+    await asyncio.sleep(0.6 * TIMEOUT_SCALE)
+    new = await store.append("t", [item(3)])
+    assert deltas(await store.read("t", after=old[-1])) == ["d3"]
+    with pytest.raises(OffsetExpired):
+        await store.read("t")
+    assert [e.offset for e in await store.read("t", after=old[-1])] == new
+
+
+async def test_idle_thread_expires_whole(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(ttl=0.3))
+    await store.append("t", [item(1)])
+    assert await store.epoch("t") is not None
+    info = await store.info("t")
+    assert info is not None and info.ttl is not None and 0 < info.ttl <= 0.3
+    await asyncio.sleep(0.7 * TIMEOUT_SCALE)
+    assert await store.epoch("t") is None
+    assert await store.read("t") == []
+    assert "t" not in await store.threads()
+
+
+async def test_threads_and_delete(make_store: StoreFactory) -> None:
+    store = await make_store()
+    for name in ["b", "a", "thread/with:odd{chars}"]:
+        await store.append(name, [item(1)])
+    assert await store.threads() == ["a", "b", "thread/with:odd{chars}"]
+    assert deltas(await store.read("thread/with:odd{chars}")) == ["d1"]
+    assert await store.delete("a") is True
+    assert await store.threads() == ["b", "thread/with:odd{chars}"]
+
+
+async def test_bad_arguments(make_store: StoreFactory) -> None:
+    store = await make_store()
+    with pytest.raises(InvalidOffset, match="expected '<ms>-<seq>'"):
+        await store.read("t", after="12")
+    with pytest.raises(InvalidEvent, match="thread name"):
+        await store.append("", [item(1)])
+    with pytest.raises(InvalidEvent, match="control characters"):
+        await store.read("a\nb")
+    with pytest.raises(InvalidOffset):
+        store.subscribe("t", after="nope")
+
+
+async def collect(feed: Any, count: int) -> list[Any]:
+    got = []
+    async for entry in feed:
+        got.append(entry)
+        if len(got) == count:
+            break
+    return got
+
+
+async def test_subscribe_from_start_then_live(make_store: StoreFactory) -> None:
+    store = await make_store()
+    await store.append("t", [item(i) for i in range(3)])
+    async with store.subscribe("t", after=START) as feed:
+        task = asyncio.create_task(collect(feed, 6))
+        await asyncio.sleep(0.05)
+        await store.append("t", [item(i) for i in range(3, 6)])
+        got = await asyncio.wait_for(task, 10 * TIMEOUT_SCALE)
+    assert deltas(got) == [f"d{i}" for i in range(6)]
+    assert feed.last == got[-1].offset
+
+
+async def test_subscribe_live_only(make_store: StoreFactory) -> None:
+    store = await make_store()
+    await store.append("t", [item(1)])
+    async with store.subscribe("t") as feed:
+        await store.append("t", [item(2)])
+        got = await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)
+    assert deltas(got) == ["d2"]
+
+
+async def test_handoff_under_concurrent_appends(make_store: StoreFactory) -> None:
+    """Subscribers that join at random points get exactly the events after their offset."""
+    store = await make_store()
+    total = 300
+    done = asyncio.Event()
+
+    async def publish() -> None:
+        for i in range(0, total, 3):
+            await store.append("t", [item(i), item(i + 1), item(i + 2)])
+            await asyncio.sleep(0)
+        done.set()
+
+    async def join_late(delay: float) -> None:
+        await asyncio.sleep(delay)
+        before = await store.read("t", after=START)
+        after = before[-1].offset if before else START
+        expected_first = len(before)
+        if expected_first == total:
+            return  # joined after the end: nothing to check
+        async with store.subscribe("t", after=after) as feed:
+            got = await asyncio.wait_for(collect(feed, total - expected_first), 20 * TIMEOUT_SCALE)
+        assert deltas(got) == [f"d{i}" for i in range(expected_first, total)]
+
+    rng = random.Random(5)
+    publisher = asyncio.create_task(publish())
+    await asyncio.gather(*(join_late(rng.random() * 0.02) for _ in range(8)))
+    await publisher
+    assert done.is_set()
+
+
+async def test_concurrent_publishers_one_order(
+    make_store: StoreFactory, request: pytest.FixtureRequest
+) -> None:
+    store = await make_store()
+    # For Redis, several clients (stores) publish at once; all readers see one order.
+    stores = [store]
+    if isinstance(store, RedisStore):
+        stores += [RedisStore(store.url, prefix=store.prefix) for _ in range(3)]
+    else:
+        stores *= 4
+
+    async def publish(n: int, publisher: ThreadStore) -> None:
+        for i in range(50):
+            await publisher.append("t", [EventInput.of(content(i, f"p{n}"), f"p{n}-{i}")])
+
+    await asyncio.gather(*(publish(n, s) for n, s in enumerate(stores)))
+    first = await store.read("t")
+    assert len(first) == 200
+    for other in stores:
+        assert [e.offset for e in await other.read("t")] == [e.offset for e in first]
+    for n in range(4):  # each publisher's events keep their own order
+        mine = [msgpack.unpackb(e.data)["delta"] for e in first if e.event_id.startswith(f"p{n}-")]
+        assert mine == [f"d{i}" for i in range(50)]
+    for extra in stores[1:]:
+        if extra is not store:
+            await extra.close()
+
+
+async def test_slow_subscriber_lags_then_resumes(make_store: StoreFactory) -> None:
+    store = await make_store(max_pending_bytes=2000)
+    async with store.subscribe("t") as feed:
+        reading = asyncio.create_task(collect(feed, 1))
+        await asyncio.sleep(0.05)  # caught up: the feed is live now
+        await store.append("t", [item(0)])
+        first = await asyncio.wait_for(reading, 10 * TIMEOUT_SCALE)
+        # The consumer stops reading while a burst arrives.
+        await store.append("t", [item(i) for i in range(1, 200)])
+        await asyncio.sleep(0.2)
+        with pytest.raises(SubscriptionLagged) as info:
+            await asyncio.wait_for(collect(feed, 199), 10 * TIMEOUT_SCALE)
+    assert info.value.last == first[0].offset
+    async with store.subscribe("t", after=info.value.last) as again:
+        rest = await asyncio.wait_for(collect(again, 199), 10 * TIMEOUT_SCALE)
+    assert deltas(rest) == [f"d{i}" for i in range(1, 200)]
+
+
+async def test_subscription_from_a_trimmed_offset_expires(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_len=2))
+    await store.append("t", [item(i) for i in range(5)])
+    with pytest.raises(OffsetExpired):
+        async with store.subscribe("t", after=START) as feed:
+            await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)
+
+
+async def test_deleting_a_subscribed_thread_resets_its_subscribers(
+    make_store: StoreFactory,
+) -> None:
+    store = await make_store()
+    await store.append("t", [item(1)])
+    async with store.subscribe("t", after=START) as feed:
+        assert deltas(await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)) == ["d1"]
+        await store.delete("t")
+        await store.append("t", [item(2)])
+        with pytest.raises(ThreadReset):
+            await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)
+
+
+def test_store_urls() -> None:
+    assert isinstance(open_store(None), MemoryStore)
+    assert isinstance(open_store("memory://"), MemoryStore)
+    parsed = parse_store_url("redis://h:1/2?max_len=10&ttl=60&prefix=x&socket_keepalive=true")
+    assert parsed.redis_url == "redis://h:1/2?socket_keepalive=true"
+    assert parsed.prefix == "x"
+    assert parsed.retention == Retention(max_len=10, ttl=60)
+    assert parse_store_url("rediss://h/0").scheme == "rediss"
+    with pytest.raises(ValueError, match="unsupported store URL"):
+        open_store("postgres://x")
+    with pytest.raises(ValueError, match="not a number"):
+        open_store("memory://?max_len=lots")
+    with pytest.raises(ValueError, match="unknown store URL option"):
+        open_store("memory://?maxlen=3")
+    with pytest.raises(ValueError, match="negative"):
+        Retention(max_len=-1)
