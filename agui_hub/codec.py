@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 from typing import Any
 
 import msgpack
@@ -56,7 +57,16 @@ class Encoding(enum.StrEnum):
 
 # -- encoding --------------------------------------------------------------------
 
-_packer_options: dict[str, Any] = {"use_bin_type": True, "datetime": False}
+_local = threading.local()
+
+
+def _packer() -> Any:
+    # A Packer per thread, reused: building one per call costs more than packing
+    # a token delta.
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+    return packer
 
 
 def encode_msgpack(value: Any) -> bytes:
@@ -66,7 +76,7 @@ def encode_msgpack(value: Any) -> bytes:
     passed something other than a validated wire dict).
     """
     try:
-        return msgpack.packb(value, **_packer_options)  # type: ignore[no-any-return]
+        return _packer().pack(value)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"cannot encode as msgpack: {exc}") from exc
 

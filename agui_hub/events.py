@@ -644,45 +644,6 @@ class SubagentErrorEvent(BaseEvent):
     code: str | None = _omit()
 
 
-EVENT_MODELS: tuple[type[BaseEvent], ...] = (
-    TextMessageStartEvent,
-    TextMessageContentEvent,
-    TextMessageEndEvent,
-    TextMessageChunkEvent,
-    ToolCallStartEvent,
-    ToolCallArgsEvent,
-    ToolCallEndEvent,
-    ToolCallChunkEvent,
-    ToolCallResultEvent,
-    StateSnapshotEvent,
-    StateDeltaEvent,
-    MessagesSnapshotEvent,
-    ActivitySnapshotEvent,
-    ActivityDeltaEvent,
-    RawEvent,
-    CustomEvent,
-    RunStartedEvent,
-    RunFinishedEvent,
-    RunErrorEvent,
-    StepStartedEvent,
-    StepFinishedEvent,
-    ReasoningStartEvent,
-    ReasoningMessageStartEvent,
-    ReasoningMessageContentEvent,
-    ReasoningMessageEndEvent,
-    ReasoningMessageChunkEvent,
-    ReasoningEndEvent,
-    ReasoningEncryptedValueEvent,
-    SubagentStartedEvent,
-    SubagentFinishedEvent,
-    SubagentErrorEvent,
-)
-"""One model per event type, in the order of :class:`EventType`."""
-
-MODEL_BY_TYPE: dict[str, type[BaseEvent]] = {
-    model.model_fields["type"].default.value: model for model in EVENT_MODELS
-}
-
 Event = Annotated[
     Union[
         TextMessageStartEvent,
@@ -720,6 +681,14 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 """Any AG-UI 1.0 event, discriminated by ``type``."""
+
+EVENT_MODELS: tuple[type[BaseEvent], ...] = get_args(get_args(Event)[0])
+"""One model per event type, in the order of :class:`EventType`."""
+
+MODEL_BY_TYPE: dict[str, type[BaseEvent]] = {
+    model.model_fields["type"].default.value: model for model in EVENT_MODELS
+}
+
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
@@ -913,7 +882,10 @@ def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, dept
 
 def _check_event_values(wire: dict[str, Any]) -> None:
     for key, value in wire.items():
-        if type(value) is not str:  # token deltas: nothing to walk
+        kind = type(value)
+        if kind is str or kind is int or kind is bool or value is None:
+            continue  # the common case (ids, deltas, timestamps): nothing to walk
+        else:
             try:
                 check_json_value(value, InvalidEvent, 1)
             except InvalidEvent as exc:
