@@ -7,8 +7,8 @@ of the project's own ProtocolError subclasses; nothing else escapes.
 from __future__ import annotations
 
 import copy
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,11 @@ def events(draw: st.DrawFn) -> Any:
     return event
 
 
-@settings(max_examples=int(os.environ.get('AGUI_HUB_FUZZ_EXAMPLES', '300')), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ_EXAMPLES = int(os.environ.get("AGUI_HUB_FUZZ_EXAMPLES", "300"))
+"""Raise for a longer fuzzing session, e.g. AGUI_HUB_FUZZ_EXAMPLES=5000."""
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(events(), max_size=40))
 def test_pipeline_raises_only_protocol_errors(stream: list[Any]) -> None:
     verifier, expander, state = SequenceVerifier(thread="fuzz"), ChunkExpander(), ThreadState()
