@@ -104,6 +104,8 @@ class MemoryStore:
 
     async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
         check_thread(thread)
+        if not events:
+            return []
         # Encode first: a value that cannot be encoded appends nothing.
         encoded = [encode_msgpack(item.event) for item in events]
         state = self._get(thread)

@@ -247,6 +247,13 @@ class _Feed:
     subs: set[FeedSubscription] = field(default_factory=set)
     epoch: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+
+
+OUTAGE_GRACE = 5.0
+"""Default seconds the live reader keeps reconnecting before it fails its
+subscriptions with StoreUnavailable (so that a gateway can tell its clients to
+come back later)."""
 
 
 class _LiveReader:
@@ -260,6 +267,9 @@ class _LiveReader:
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # SUBSCRIBE / UNSUBSCRIBE / reconnect never overlap on the pub/sub
+        # connection; reading messages goes on meanwhile.
+        self._pubsub_lock = asyncio.Lock()
 
     @property
     def threads(self) -> int:
@@ -270,19 +280,27 @@ class _LiveReader:
         feed = self._feeds.get(thread)
         if feed is None:
             feed = self._feeds[thread] = _Feed(cursor=START)
+            feed.subs.add(sub)  # before any await: the confirmation may come first
             try:
                 # Cursor first, then SUBSCRIBE; once the subscription is confirmed
                 # the reader reads after the cursor, covering the window between.
                 feed.cursor = await self._store.last_offset(thread)
                 channel = notify_channel(self._store.prefix, thread)
                 self._channels[channel.encode()] = thread
-                await self._ensure_running()
-                await self._store._call(self._pubsub.subscribe(channel))
-            except BaseException:
-                self._feeds.pop(thread, None)
+                self._ensure_running()
+                async with self._pubsub_lock:
+                    await self._store._call(self._pubsub.subscribe(channel))
+            except BaseException as exc:
+                self._drop(thread)
+                feed.error = exc  # concurrent registrations of the thread fail too
+                feed.ready.set()
                 raise
-        feed.subs.add(sub)
+        else:
+            feed.subs.add(sub)
         await feed.ready.wait()
+        if feed.error is not None:
+            feed.subs.discard(sub)
+            raise feed.error
 
     def unregister(self, sub: FeedSubscription) -> None:
         feed = self._feeds.get(sub.thread)
@@ -290,58 +308,90 @@ class _LiveReader:
             return
         feed.subs.discard(sub)
         if not feed.subs and feed.ready.is_set():
-            del self._feeds[sub.thread]
-            channel = notify_channel(self._store.prefix, sub.thread)
-            self._channels.pop(channel.encode(), None)
-            self._dirty.discard(sub.thread)
-            if self._pubsub is not None and not self._closed:
-                task = asyncio.ensure_future(self._unsubscribe(channel))
-                task.add_done_callback(_log_failure)
+            self._drop(sub.thread, unsubscribe=True)
+
+    def _drop(self, thread: str, *, unsubscribe: bool = False) -> None:
+        self._feeds.pop(thread, None)
+        channel = notify_channel(self._store.prefix, thread)
+        self._channels.pop(channel.encode(), None)
+        self._dirty.discard(thread)
+        if unsubscribe and self._pubsub is not None and not self._closed:
+            task = asyncio.ensure_future(self._unsubscribe(channel))
+            task.add_done_callback(_log_failure)
 
     async def _unsubscribe(self, channel: str) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self._pubsub.unsubscribe(channel)
+        # Best effort: a pub/sub connection replaced after an outage may be gone.
+        async with self._pubsub_lock:
+            with contextlib.suppress(Exception):
+                await self._pubsub.unsubscribe(channel)
 
-    async def _ensure_running(self) -> None:
+    def _ensure_running(self) -> None:
         if self._pubsub is None:
             self._pubsub = self._store._client.pubsub()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="agui-hub redis live reader")
 
+    def _fail_all(self, error: BaseException) -> None:
+        for feed in self._feeds.values():
+            for sub in list(feed.subs):
+                sub._fail(error)
+
     async def _run(self) -> None:
         delay = 0.05
+        down_since: float | None = None
+        reconnect = False
+        loop = asyncio.get_running_loop()
         while not self._closed:
             try:
+                if reconnect:
+                    # Bounded: a half-open connection must not hang the reader.
+                    await asyncio.wait_for(self._resubscribe(), 2 * self._store.socket_timeout)
+                    reconnect = False
                 await self._pump()
-                delay = 0.05
+                delay, down_since = 0.05, None
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, TimeoutError) as exc:
+                now = loop.time()
+                down_since = down_since or now
+                if now - down_since > self._store.outage_grace:
+                    self._fail_all(StoreUnavailable(f"Redis at {self._store.url}: {exc}"))
+                    down_since = now
                 log.warning("redis live reader: %s; reconnecting in %.2fs", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                await self._resubscribe()
+                delay = min(delay * 2, 1.0)
+                reconnect = True
+            except Exception as exc:
+                # Never die silently and leave subscribers waiting: tell them.
+                log.exception("redis live reader failed")
+                self._fail_all(StoreError(f"live reader failed: {exc!r}"))
+                await asyncio.sleep(delay)
+                reconnect = True
 
     async def _resubscribe(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self._pubsub.aclose()
-        self._pubsub = self._store._client.pubsub()
-        channels = [notify_channel(self._store.prefix, t) for t in self._feeds]
-        if channels:
-            with contextlib.suppress(RedisError, OSError):
+        async with self._pubsub_lock:
+            old, self._pubsub = self._pubsub, self._store._client.pubsub()
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.aclose()
+            channels = [notify_channel(self._store.prefix, t) for t in self._feeds]
+            if channels:
+                # Confirmations mark every thread dirty: what was published while
+                # the connection was down is read after each thread's cursor.
                 await self._pubsub.subscribe(*channels)
 
     async def _pump(self) -> None:
         """Wait for notifications, then fetch what they announce."""
-        if not self._channels:
-            await asyncio.sleep(0.05)
+        pubsub = self._pubsub
+        if not self._channels or pubsub is None or pubsub.connection is None:
+            await asyncio.sleep(0.05)  # nothing subscribed (yet)
             return
-        message = await self._pubsub.get_message(timeout=1.0)
+        message = await pubsub.get_message(timeout=1.0)
         budget = 10_000
         while message is not None and budget:
             self._handle(message)
             budget -= 1
-            message = await self._pubsub.get_message(timeout=0)
+            message = await pubsub.get_message(timeout=0)
         while self._dirty:
             await self._fetch_dirty()
 
@@ -352,53 +402,70 @@ class _LiveReader:
         if not isinstance(channel, bytes):
             channel = str(channel).encode()
         thread = self._channels.get(channel)
-        if thread is None or thread not in self._feeds:
+        feed = self._feeds.get(thread) if thread is not None else None
+        if feed is None or thread is None:
             return
         if kind in ("message", "subscribe"):
             self._dirty.add(thread)
-        if kind == "subscribe":
-            self._feeds[thread].ready.set()
+        if kind == "subscribe" and not feed.ready.is_set():
+            feed.ready.set()
+            if not feed.subs:  # every subscriber left while we subscribed
+                self._drop(thread, unsubscribe=True)
 
     async def _fetch_dirty(self) -> None:
         threads = [t for t in self._dirty if t in self._feeds]
         self._dirty.clear()
         if not threads:
             return
-        pipe = self._store._client.pipeline(transaction=False)
+        # One round trip for all notified threads; MULTI makes each thread's
+        # (meta, entries) pair consistent with trimming.
+        pipe = self._store._client.pipeline(transaction=True)
         for thread in threads:
-            await self._store._queue_read(pipe, thread, self._feeds[thread].cursor, PAGE_SIZE)
-        results = await pipe.execute(raise_on_error=False)
-        for thread, result in zip(threads, results, strict=True):
+            pipe.hmget(meta_key(self._store.prefix, thread), ["epoch", "trimmed"])
+            pipe.xrange(
+                stream_key(self._store.prefix, thread),
+                min=f"({self._feeds[thread].cursor}",
+                count=PAGE_SIZE,
+            )
+        results = await pipe.execute()
+        for i, thread in enumerate(threads):
+            (epoch_raw, trimmed_raw), raw = results[2 * i], results[2 * i + 1]
             feed = self._feeds.get(thread)
             if feed is None:
                 continue
-            if isinstance(result, Exception):
-                if isinstance(result, RedisError | OSError):
-                    raise result
-                raise StoreError(f"live read of thread {thread!r} failed: {result}")
-            epoch, expired, first, entries = self._store._parse_read(result)
-            if feed.epoch is not None and epoch != feed.epoch:
-                # Lost or re-created: the subscribers resync; offsets start over.
-                for sub in list(feed.subs):
-                    sub._on_live([], epoch)
-                feed.cursor = START
-                feed.epoch = epoch
-                if epoch is not None:
-                    self._dirty.add(thread)
-                continue
+            epoch = _text(epoch_raw) if epoch_raw else None
+            if epoch is None and raw:
+                # Written with a plain XADD and never read: the read script
+                # gives the stream its epoch.
+                epoch = await self._store.epoch(thread)
+            await self._deliver(thread, feed, epoch, trimmed_raw, [_entry(r) for r in raw])
+
+    async def _deliver(
+        self, thread: str, feed: _Feed, epoch: str | None, trimmed: Any, entries: list[Entry]
+    ) -> None:
+        if feed.epoch is not None and epoch != feed.epoch:
+            # Lost or re-created: the subscribers resync; offsets start over.
+            for sub in list(feed.subs):
+                sub._on_live([], epoch)
+            feed.cursor = START
             feed.epoch = epoch
-            if expired:
-                error = OffsetExpired(thread, feed.cursor, first)
-                for sub in list(feed.subs):
-                    sub._fail(error)
-                feed.cursor = await self._store.last_offset(thread)
-                continue
-            if entries:
-                feed.cursor = entries[-1].offset
-                for sub in list(feed.subs):
-                    sub._on_live(entries, epoch)
-                if len(entries) == PAGE_SIZE:
-                    self._dirty.add(thread)
+            if epoch is not None:
+                self._dirty.add(thread)
+            return
+        feed.epoch = epoch
+        if trimmed and offset_key(feed.cursor) < offset_key(_text(trimmed)):
+            first = entries[0].offset if entries else None
+            error = OffsetExpired(thread, feed.cursor, first)
+            for sub in list(feed.subs):
+                sub._fail(error)
+            feed.cursor = await self._store.last_offset(thread)
+            return
+        if entries:
+            feed.cursor = entries[-1].offset
+            for sub in list(feed.subs):
+                sub._on_live(entries, epoch)
+            if len(entries) == PAGE_SIZE:
+                self._dirty.add(thread)
 
     async def close(self) -> None:
         self._closed = True
@@ -435,8 +502,11 @@ class RedisStore:
         max_connections: int = 16,
         socket_timeout: float = 5.0,
         max_pending_bytes: int | None = None,
+        outage_grace: float = OUTAGE_GRACE,
     ) -> None:
         self.url = url
+        self.outage_grace = outage_grace
+        self.socket_timeout = socket_timeout
         self.prefix = prefix
         self.retention = retention or Retention()
         self._max_pending = max_pending_bytes
@@ -501,10 +571,6 @@ class RedisStore:
         return [_text(o) for o in offsets]
 
     # -- reading --------------------------------------------------------------------------
-
-    async def _queue_read(self, pipe: Any, thread: str, after: Offset, limit: int) -> None:
-        keys = [stream_key(self.prefix, thread), meta_key(self.prefix, thread)]
-        await self._read(keys=keys, args=[after, limit, secrets.token_hex(8)], client=pipe)
 
     @staticmethod
     def _parse_read(result: Sequence[Any]) -> tuple[str | None, bool, Offset | None, list[Entry]]:

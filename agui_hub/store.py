@@ -166,10 +166,15 @@ class ThreadInfo:
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """How long a thread's events are kept. ``0`` / ``None`` disables a limit."""
+    """How long a thread's events are kept; ``0`` disables a limit.
 
-    max_len: int = 0
-    """Keep at most this many events per thread (oldest go first)."""
+    The default keeps the newest 100,000 events of each thread, of any age,
+    for ever: bounded memory without surprises. Set ``ttl`` to let idle
+    threads expire.
+    """
+
+    max_len: int = 100_000
+    """Keep at most this many events per thread (oldest go first); 0: no limit."""
     max_age: float = 0.0
     """Drop events older than this many seconds (checked when the thread is appended to)."""
     ttl: float = 0.0
@@ -443,9 +448,11 @@ class StoreURL:
 
 
 def _parse_retention(query: dict[str, list[str]]) -> Retention:
+    defaults = Retention()
+
     def number(name: str, kind: type[float] | type[int]) -> Any:
         if name not in query:
-            return kind(0)
+            return getattr(defaults, name)
         raw = query[name][-1]
         try:
             return kind(raw)

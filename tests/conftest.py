@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -17,9 +18,23 @@ TIMEOUT_SCALE = float(os.environ.get("AGUI_HUB_TEST_TIMEOUT_SCALE", "1"))
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port below the ephemeral range.
+
+    Not an ephemeral port: a client reconnecting to a stopped server on an
+    ephemeral port can end up connected to itself (TCP simultaneous open).
+    """
+    low, _high = (
+        int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    )
+    for _ in range(200):
+        port = random.randrange(10_000, max(10_001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port found")
 
 
 class RedisServer:

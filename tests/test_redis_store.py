@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from agui_hub.errors import StoreUnavailable, ThreadReset
 from agui_hub.redis_store import RedisStore, notify_channel, stream_key
-from agui_hub.store import START, EventInput, Retention
+from agui_hub.store import START, EventInput, FeedState, Retention
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 
@@ -142,4 +142,26 @@ async def test_retention_options_reach_redis(redis_server: RedisServer) -> None:
     assert 0 < await raw.ttl(stream_key("ret", "t")) <= 30
     assert await raw.hlen("ret:{t}:ids") == 2  # ids of trimmed events are forgotten
     await raw.aclose()
+    await store.close()
+
+
+async def test_subscribers_learn_of_a_long_outage(own_redis: RedisServer) -> None:
+    store = RedisStore(own_redis.url, socket_timeout=0.5, outage_grace=0.5)
+    await store.append("t", [item(0)])
+    async with store.subscribe("t", after=START) as feed:
+        assert len(await asyncio.wait_for(collect(feed, 1), 10 * TIMEOUT_SCALE)) == 1
+        reading = asyncio.create_task(collect(feed, 1))
+        await asyncio.sleep(0.2)
+        assert feed.state is FeedState.LIVE  # caught up, waiting on the live reader
+        own_redis.stop(kill=True)
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(reading, 20 * TIMEOUT_SCALE)
+    own_redis.start()  # empty: this server keeps nothing
+    # Once Redis is back, a new subscription works again, live events included.
+    async with store.subscribe("t", after=START) as again:
+        reading = asyncio.create_task(collect(again, 1))
+        await asyncio.sleep(0.1)
+        await store.append("t", [item(1)])
+        got = await asyncio.wait_for(reading, 10 * TIMEOUT_SCALE)
+    assert msgpack.unpackb(got[0].data)["delta"] == "d1"
     await store.close()
