@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 from collections.abc import Awaitable, Sequence
@@ -47,7 +48,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .codec import encode_msgpack
@@ -91,16 +92,6 @@ def notify_channel(prefix: str, thread: str) -> str:
 
 
 # -- scripts -----------------------------------------------------------------------------
-
-# Offsets compare as (ms, seq); both parts fit a Lua double exactly.
-_LUA_OFFSET_LESS = """
-local function offset_less(a, b)
-  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
-  local b_ms, b_seq = string.match(b, '^(%d+)-(%d+)$')
-  a_ms, a_seq, b_ms, b_seq = tonumber(a_ms), tonumber(a_seq), tonumber(b_ms), tonumber(b_seq)
-  return a_ms < b_ms or (a_ms == b_ms and a_seq < b_seq)
-end
-"""
 
 # KEYS: stream, meta, ids
 # ARGV: epoch candidate, max_len, max_age_ms, ttl_ms, channel, n,
@@ -186,54 +177,39 @@ end
 return {epoch, offsets}
 """
 
-# KEYS: stream, meta
-# ARGV: after, limit, epoch candidate
-# Returns: {epoch or false, expired flag, first offset or false, entries}
-READ_SCRIPT = (
-    _LUA_OFFSET_LESS
-    + """
-local stream, meta = KEYS[1], KEYS[2]
-local after, limit = ARGV[1], tonumber(ARGV[2])
-local state = redis.call('HMGET', meta, 'epoch', 'trimmed')
-local epoch, trimmed = state[1], state[2]
-if not epoch then
-  if redis.call('EXISTS', stream) == 0 then
-    return {false, 0, false, {}}
-  end
-  -- A stream written with a plain XADD: it gets its epoch now.
-  epoch = ARGV[3]
-  redis.call('HSET', meta, 'epoch', epoch)
-end
-if trimmed and offset_less(after, trimmed) then
-  local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)
-  local first_id = false
-  if #first > 0 then first_id = first[1][1] end
-  return {epoch, 1, first_id, {}}
-end
-return {epoch, 0, false, redis.call('XRANGE', stream, '(' .. after, '+', 'COUNT', limit)}
-"""
-)
-
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _entry(raw: Sequence[Any]) -> Entry:
-    offset = _text(raw[0])
-    fields = raw[1]
-    if isinstance(fields, dict):
-        values = {_text(k): v for k, v in fields.items()}
-    else:
-        values = {_text(fields[i]): fields[i + 1] for i in range(0, len(fields), 2)}
-    run = values.get("run")
+    """An Entry from one XRANGE item: (id, {field: value}) or (id, [field, value, ...])."""
+    offset, fields = raw
+    if type(fields) is not dict:
+        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+    offset = offset.decode()
+    get = fields.get
+    event_id, run, event_type = get(b"id"), get(b"run"), get(b"type")
     return Entry(
-        offset=offset,
-        data=bytes(values.get("event", b"")),
-        event_id=_text(values["id"]) if "id" in values else offset,
-        run_id=_text(run) if run else None,
-        type=_text(values.get("type", b"")),
+        offset,
+        get(b"event", b""),
+        event_id.decode() if event_id is not None else offset,
+        run.decode() if run else None,
+        event_type.decode() if event_type is not None else "",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """One read of a thread: its epoch, last trimmed offset and entries after a cursor."""
+
+    epoch: str | None
+    trimmed: Offset | None
+    entries: list[Entry]
+
+    def expired(self, after: Offset) -> bool:
+        """Whether events after *after* were trimmed away."""
+        return self.trimmed is not None and offset_key(after) < offset_key(self.trimmed)
 
 
 # -- the live reader ------------------------------------------------------------------------
@@ -417,32 +393,15 @@ class _LiveReader:
         self._dirty.clear()
         if not threads:
             return
-        # One round trip for all notified threads; MULTI makes each thread's
-        # (meta, entries) pair consistent with trimming.
-        pipe = self._store._client.pipeline(transaction=True)
-        for thread in threads:
-            pipe.hmget(meta_key(self._store.prefix, thread), ["epoch", "trimmed"])
-            pipe.xrange(
-                stream_key(self._store.prefix, thread),
-                min=f"({self._feeds[thread].cursor}",
-                count=PAGE_SIZE,
-            )
-        results = await pipe.execute()
-        for i, thread in enumerate(threads):
-            (epoch_raw, trimmed_raw), raw = results[2 * i], results[2 * i + 1]
+        cursors = [(t, self._feeds[t].cursor) for t in threads]
+        pages = await self._store._read_pages(cursors, PAGE_SIZE)
+        for thread, page in zip(threads, pages, strict=True):
             feed = self._feeds.get(thread)
-            if feed is None:
-                continue
-            epoch = _text(epoch_raw) if epoch_raw else None
-            if epoch is None and raw:
-                # Written with a plain XADD and never read: the read script
-                # gives the stream its epoch.
-                epoch = await self._store.epoch(thread)
-            await self._deliver(thread, feed, epoch, trimmed_raw, [_entry(r) for r in raw])
+            if feed is not None:
+                await self._deliver(thread, feed, page)
 
-    async def _deliver(
-        self, thread: str, feed: _Feed, epoch: str | None, trimmed: Any, entries: list[Entry]
-    ) -> None:
+    async def _deliver(self, thread: str, feed: _Feed, page: _Page) -> None:
+        epoch, entries = page.epoch, page.entries
         if feed.epoch is not None and epoch != feed.epoch:
             # Lost or re-created: the subscribers resync; offsets start over.
             for sub in list(feed.subs):
@@ -453,7 +412,7 @@ class _LiveReader:
                 self._dirty.add(thread)
             return
         feed.epoch = epoch
-        if trimmed and offset_key(feed.cursor) < offset_key(_text(trimmed)):
+        if page.expired(feed.cursor):
             first = entries[0].offset if entries else None
             error = OffsetExpired(thread, feed.cursor, first)
             for sub in list(feed.subs):
@@ -488,6 +447,15 @@ def _log_failure(task: asyncio.Future[Any]) -> None:
 
 
 # -- the store ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _QueuedAppend:
+    thread: str
+    quads: list[Any]
+    """(event id, run id, type, msgpack) per event, flat, as the script takes them."""
+    count: int
+    done: asyncio.Future[list[Offset]]
 
 
 class RedisStore:
@@ -525,18 +493,25 @@ class RedisStore:
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         self._client = aioredis.Redis(connection_pool=pool)
-        self._append = self._client.register_script(APPEND_SCRIPT)
-        self._read = self._client.register_script(READ_SCRIPT)
+        self._append_sha = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
+        # Group commit: appends that arrive while a round trip is in flight
+        # go together in the next one (one pipeline), so many small concurrent
+        # publishes cost few round trips. Order per thread is kept.
+        self._queued: list[_QueuedAppend] = []
+        self._committer: asyncio.Task[None] | None = None
         self._reader = _LiveReader(self)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r}, prefix={self.prefix!r})"
 
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(f"Redis at {self.url} is unavailable: {exc}")
+
     async def _call(self, awaitable: Awaitable[T]) -> T:
         try:
             return await awaitable
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis at {self.url} is unavailable: {exc}") from exc
+            raise self._unavailable(exc) from exc
         except RedisError as exc:
             raise StoreError(f"Redis error: {exc}") from exc
 
@@ -546,52 +521,139 @@ class RedisStore:
         check_thread(thread)
         if not events:
             return []
-        r = self.retention
-        args: list[Any] = [
-            secrets.token_hex(8),
-            r.max_len,
-            int(r.max_age * 1000),
-            int(r.ttl * 1000),
-            notify_channel(self.prefix, thread),
-            len(events),
-        ]
+        quads: list[Any] = []
         for item in events:
-            args += [
+            quads += [
                 item.event_id,
                 item.run_id or "",
                 str(item.event.get("type", "")),
                 encode_msgpack(item.event),
             ]
-        keys = [
-            stream_key(self.prefix, thread),
-            meta_key(self.prefix, thread),
-            ids_key(self.prefix, thread),
-        ]
-        _epoch, offsets = await self._call(self._append(keys=keys, args=args))
-        return [_text(o) for o in offsets]
+        done: asyncio.Future[list[Offset]] = asyncio.get_running_loop().create_future()
+        self._queued.append(_QueuedAppend(thread, quads, len(events), done))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit(), name="agui-hub redis commit")
+        # A cancelled caller does not cancel the commit: others share its round trip.
+        return await asyncio.shield(done)
+
+    async def _commit(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued[:1000], self._queued[1000:]
+            # Appends to one thread queued together become one script call, in
+            # arrival order; threads are independent of each other.
+            groups: dict[str, list[_QueuedAppend]] = {}
+            for queued in batch:
+                groups.setdefault(queued.thread, []).append(queued)
+            error: Exception | None = None
+            replies: list[Any] = []
+            try:
+                replies = await self._run_appends(list(groups.items()))
+            except asyncio.CancelledError:
+                for queued in batch:
+                    if not queued.done.done():
+                        queued.done.set_exception(StoreError("the store was closed"))
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                error = self._unavailable(exc)
+            except RedisError as exc:
+                error = StoreError(f"Redis error: {exc}")
+            for index, members in enumerate(groups.values()):
+                reply = error or replies[index]
+                if isinstance(reply, Exception):
+                    failure = reply if error else StoreError(f"append failed: {reply}")
+                    for queued in members:
+                        if not queued.done.done():
+                            queued.done.set_exception(failure)
+                    continue
+                offsets = [_text(o) for o in reply[1]]
+                start = 0
+                for queued in members:
+                    if not queued.done.done():
+                        queued.done.set_result(offsets[start : start + queued.count])
+                    start += queued.count
+
+    async def _run_appends(self, groups: list[tuple[str, list[_QueuedAppend]]]) -> list[Any]:
+        """One pipeline with one EVALSHA per thread; loads the script if Redis lost it.
+
+        Replaying after NoScriptError is safe: event ids make appends idempotent.
+        """
+        r = self.retention
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for thread, members in groups:
+                args: list[Any] = [
+                    secrets.token_hex(8),
+                    r.max_len,
+                    int(r.max_age * 1000),
+                    int(r.ttl * 1000),
+                    notify_channel(self.prefix, thread),
+                    sum(m.count for m in members),
+                ]
+                for member in members:
+                    args += member.quads
+                keys = [
+                    stream_key(self.prefix, thread),
+                    meta_key(self.prefix, thread),
+                    ids_key(self.prefix, thread),
+                ]
+                pipe.evalsha(self._append_sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+                await self._client.script_load(APPEND_SCRIPT)
+                continue
+            return list(replies)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- reading --------------------------------------------------------------------------
 
-    @staticmethod
-    def _parse_read(result: Sequence[Any]) -> tuple[str | None, bool, Offset | None, list[Entry]]:
-        epoch, expired, first, raw = result
-        return (
-            _text(epoch) if epoch else None,
-            bool(expired),
-            _text(first) if first else None,
-            [_entry(item) for item in raw],
-        )
+    async def _read_pages(self, cursors: Sequence[tuple[str, Offset]], limit: int) -> list[_Page]:
+        """For each (thread, after): epoch, trim mark and entries, in one round trip.
+
+        MULTI makes each thread's meta and entries consistent with trimming.
+        """
+        pipe = self._client.pipeline(transaction=True)
+        for thread, after in cursors:
+            pipe.hmget(meta_key(self.prefix, thread), ["epoch", "trimmed"])
+            pipe.xrange(stream_key(self.prefix, thread), min=f"({after}", count=limit)
+        results = await self._call(pipe.execute())
+        pages = []
+        for i, (thread, _) in enumerate(cursors):
+            (epoch, trimmed), raw = results[2 * i], results[2 * i + 1]
+            entries = [_entry(item) for item in raw]
+            if epoch is None and entries:
+                # Written with a plain XADD (another language) and never read:
+                # the stream gets its epoch now.
+                epoch = await self._ensure_epoch(thread)
+            pages.append(
+                _Page(
+                    epoch=_text(epoch) if epoch else None,
+                    trimmed=_text(trimmed) if trimmed else None,
+                    entries=entries,
+                )
+            )
+        return pages
+
+    async def _ensure_epoch(self, thread: str) -> str | None:
+        meta = meta_key(self.prefix, thread)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.exists(stream_key(self.prefix, thread))
+        pipe.hget(meta, "epoch")
+        exists, epoch = await self._call(pipe.execute())
+        if epoch is not None or not exists:
+            return _text(epoch) if epoch is not None else None
+        await self._call(self._client.hsetnx(meta, "epoch", secrets.token_hex(8)))
+        epoch = await self._call(self._client.hget(meta, "epoch"))
+        return _text(epoch) if epoch is not None else None
 
     async def _fetch(
         self, thread: str, after: Offset, limit: int
     ) -> tuple[str | None, list[Entry]]:
         offset_key(after)
-        keys = [stream_key(self.prefix, thread), meta_key(self.prefix, thread)]
-        result = await self._call(self._read(keys=keys, args=[after, limit, secrets.token_hex(8)]))
-        epoch, expired, first, entries = self._parse_read(result)
-        if expired:
-            raise OffsetExpired(thread, after, first)
-        return epoch, entries
+        (page,) = await self._read_pages([(thread, after)], limit)
+        if page.expired(after):
+            first = await self._call(self._client.xrange(stream_key(self.prefix, thread), count=1))
+            raise OffsetExpired(thread, after, _text(first[0][0]) if first else None)
+        return page.epoch, page.entries
 
     async def read(
         self, thread: str, after: Offset = START, limit: int | None = None
@@ -610,8 +672,7 @@ class RedisStore:
 
     async def epoch(self, thread: str) -> str | None:
         check_thread(thread)
-        epoch, _ = await self._fetch(thread, "999999999999999-0", 1)
-        return epoch
+        return await self._ensure_epoch(thread)
 
     async def last_offset(self, thread: str) -> Offset:
         last = await self._call(self._client.xrevrange(stream_key(self.prefix, thread), count=1))
@@ -693,6 +754,8 @@ class RedisStore:
         return in_use + available + pubsub
 
     async def close(self) -> None:
+        if self._committer is not None and not self._committer.done():
+            await asyncio.wait([self._committer], timeout=self.socket_timeout)
         await self._reader.close()
         await self._client.aclose()
         await self._client.connection_pool.disconnect()

@@ -45,7 +45,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from .errors import (
@@ -137,9 +137,11 @@ class EventInput:
         return cls(event, event_id or uuid.uuid4().hex, run_id if isinstance(run_id, str) else None)
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One stored event: its offset, the msgpack bytes of its wire dict, its ids."""
+class Entry(NamedTuple):
+    """One stored event: its offset, the msgpack bytes of its wire dict, its ids.
+
+    A named tuple: catch-up reads build thousands of them.
+    """
 
     offset: Offset
     data: bytes
