@@ -183,20 +183,43 @@ def _text(value: Any) -> str:
 
 
 def _entry(raw: Sequence[Any]) -> Entry:
-    """An Entry from one XRANGE item: (id, {field: value}) or (id, [field, value, ...])."""
-    offset, fields = raw
-    if type(fields) is not dict:
-        fields = dict(zip(fields[::2], fields[1::2], strict=True))
-    offset = offset.decode()
-    get = fields.get
-    event_id, run, event_type = get(b"id"), get(b"run"), get(b"type")
+    """An Entry from one raw XRANGE item: ``[id, [field, value, ...]]``."""
+    offset = raw[0].decode()
+    fields = raw[1]
+    if type(fields) is dict:  # a client whose XRANGE reply was parsed into a map
+        fields = [x for pair in fields.items() for x in pair]
+    if len(fields) == 8 and fields[0] == b"event" and fields[6] == b"type":
+        # The layout the append script writes: event, id, run, type.
+        run = fields[5]
+        return Entry(
+            offset,
+            fields[1],
+            fields[3].decode(),
+            run.decode() if run else None,
+            fields[7].decode(),
+        )
+    data, event_id, run, event_type = b"", None, None, None
+    for i in range(0, len(fields), 2):
+        name = fields[i]
+        if name == b"event":
+            data = fields[i + 1]
+        elif name == b"id":
+            event_id = fields[i + 1]
+        elif name == b"run":
+            run = fields[i + 1]
+        elif name == b"type":
+            event_type = fields[i + 1]
     return Entry(
         offset,
-        get(b"event", b""),
+        data,
         event_id.decode() if event_id is not None else offset,
         run.decode() if run else None,
         event_type.decode() if event_type is not None else "",
     )
+
+
+def _raw_reply(response: Any, **options: Any) -> Any:
+    return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,6 +516,9 @@ class RedisStore:
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         self._client = aioredis.Redis(connection_pool=pool)
+        # Entries are parsed once, straight into Entry tuples (see _entry), not
+        # first into redis-py's (id, dict) pairs: catch-up reads are hot.
+        self._client.set_response_callback("XRANGE", _raw_reply)
         self._append_sha = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
         # Group commit: appends that arrive while a round trip is in flight
         # go together in the next one (one pipeline), so many small concurrent
@@ -533,8 +559,10 @@ class RedisStore:
         self._queued.append(_QueuedAppend(thread, quads, len(events), done))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit(), name="agui-hub redis commit")
-        # A cancelled caller does not cancel the commit: others share its round trip.
-        return await asyncio.shield(done)
+        # A cancelled caller cancels only its own future; the commit goes on for
+        # the others that share its round trip (and the caller's events may still
+        # be appended: retry with the same ids to find out).
+        return await done
 
     async def _commit(self) -> None:
         while self._queued:
@@ -579,7 +607,7 @@ class RedisStore:
         """
         r = self.retention
         for attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
+            calls = []
             for thread, members in groups:
                 args: list[Any] = [
                     secrets.token_hex(8),
@@ -596,8 +624,18 @@ class RedisStore:
                     meta_key(self.prefix, thread),
                     ids_key(self.prefix, thread),
                 ]
-                pipe.evalsha(self._append_sha, len(keys), *keys, *args)
-            replies = await pipe.execute(raise_on_error=False)
+                calls.append((len(keys), *keys, *args))
+            if len(calls) == 1:
+                # The common case when the load is light: no pipeline to build.
+                try:
+                    replies = [await self._client.evalsha(self._append_sha, *calls[0])]
+                except NoScriptError as exc:
+                    replies = [exc]
+            else:
+                pipe = self._client.pipeline(transaction=False)
+                for call in calls:
+                    pipe.evalsha(self._append_sha, *call)
+                replies = await pipe.execute(raise_on_error=False)
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
                 await self._client.script_load(APPEND_SCRIPT)
                 continue
