@@ -269,6 +269,7 @@ class _LiveReader:
         # SUBSCRIBE / UNSUBSCRIBE / reconnect never overlap on the pub/sub
         # connection; reading messages goes on meanwhile.
         self._pubsub_lock = asyncio.Lock()
+        self._chores: set[asyncio.Future[None]] = set()  # pending UNSUBSCRIBEs
 
     @property
     def threads(self) -> int:
@@ -316,11 +317,15 @@ class _LiveReader:
         self._dirty.discard(thread)
         if unsubscribe and self._pubsub is not None and not self._closed:
             task = asyncio.ensure_future(self._unsubscribe(channel))
+            self._chores.add(task)
+            task.add_done_callback(self._chores.discard)
             task.add_done_callback(_log_failure)
 
     async def _unsubscribe(self, channel: str) -> None:
         # Best effort: a pub/sub connection replaced after an outage may be gone.
         async with self._pubsub_lock:
+            if self._closed or channel.encode() in self._channels:
+                return  # closing, or the thread became live again meanwhile
             with contextlib.suppress(Exception):
                 await self._pubsub.unsubscribe(channel)
 
@@ -451,6 +456,8 @@ class _LiveReader:
 
     async def close(self) -> None:
         self._closed = True
+        for chore in list(self._chores):
+            chore.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):

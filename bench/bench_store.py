@@ -142,6 +142,7 @@ async def connections_per_live_threads(url: str, counts: list[int]) -> dict[int,
     admin = aioredis.Redis.from_url(url)
     out = {}
     for n in counts:
+        base = await client_count(admin)  # connections that are not the store's
         store = RedisStore(url, prefix=f"conn{n}", retention=Retention(max_len=0))
         feeds = [store.subscribe(f"thread-{i}") for i in range(n)]
         for i in range(0, n, 500):
@@ -155,11 +156,15 @@ async def connections_per_live_threads(url: str, counts: list[int]) -> dict[int,
         # The pool grows with concurrency up to its bound, whatever the number of
         # threads: reach that bound first, so the count compares like with like.
         await asyncio.gather(*(store.ping() for _ in range(200)))
-        out[n] = await client_count(admin)
+        out[n] = await client_count(admin) - base
         for feed in feeds:
             await feed.close()
         await store.close()
-        await asyncio.sleep(0.2)
+        # Let Redis see the connections of this measurement close before the next.
+        for _ in range(50):
+            if await client_count(admin) <= base:
+                break
+            await asyncio.sleep(0.1)
     await admin.aclose()
     return out
 

@@ -165,3 +165,22 @@ async def test_subscribers_learn_of_a_long_outage(own_redis: RedisServer) -> Non
         got = await asyncio.wait_for(reading, 10 * TIMEOUT_SCALE)
     assert msgpack.unpackb(got[0].data)["delta"] == "d1"
     await store.close()
+
+
+async def test_resubscribing_right_after_closing_still_gets_live_events(
+    redis_server: RedisServer,
+) -> None:
+    # Closing the last subscription schedules an UNSUBSCRIBE; a new subscription
+    # to the same thread made before it runs must not lose its notifications.
+    store = RedisStore(redis_server.url, prefix="resub")
+    for round_ in range(5):
+        first = store.subscribe("t")
+        await first.open()
+        await first.close()
+        async with store.subscribe("t") as feed:
+            reading = asyncio.create_task(collect(feed, 1))
+            await asyncio.sleep(0.05)
+            await store.append("t", [item(round_)])
+            got = await asyncio.wait_for(reading, 10 * TIMEOUT_SCALE)
+        assert msgpack.unpackb(got[0].data)["delta"] == f"d{round_}"
+    await store.close()

@@ -105,6 +105,26 @@ async def test_retry_with_the_same_event_id_appends_nothing(make_store: StoreFac
     assert deltas(await store.read("t")) == ["d1", "d2", "d3"]
 
 
+async def test_concurrent_appends_get_their_own_offsets(make_store: StoreFactory) -> None:
+    """Many concurrent callers on several threads (group commit on Redis)."""
+    store = await make_store()
+    calls = [(f"t{n % 3}", [item(n, "c"), item(n + 1000, "c")]) for n in range(60)]
+    results = await asyncio.gather(*(store.append(t, items) for t, items in calls))
+    for (thread, items), offsets in zip(calls, results, strict=True):
+        stored = {e.offset: e.event_id for e in await store.read(thread)}
+        assert [stored[o] for o in offsets] == [i.event_id for i in items]
+        assert offset_key(offsets[0]) < offset_key(offsets[1])
+    for n in range(3):
+        assert len(await store.read(f"t{n}")) == 40
+
+
+async def test_concurrent_retries_of_one_event_store_it_once(make_store: StoreFactory) -> None:
+    store = await make_store()
+    results = await asyncio.gather(*(store.append("t", [item(7)]) for _ in range(10)))
+    assert len({tuple(r) for r in results}) == 1
+    assert deltas(await store.read("t")) == ["d7"]
+
+
 async def test_run_id_is_inherited_from_run_started(make_store: StoreFactory) -> None:
     store = await make_store()
     started = {"type": "RUN_STARTED", "threadId": "t", "runId": "r1"}
