@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import re
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -49,7 +48,6 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from .errors import (
-    InvalidEvent,
     InvalidOffset,
     OffsetExpired,
     StoreError,
@@ -57,6 +55,7 @@ from .errors import (
     SubscriptionLagged,
     ThreadReset,
 )
+from .offsets import START, Offset, check_thread, offset_key
 
 __all__ = [
     "START",
@@ -78,37 +77,7 @@ __all__ = [
     "open_store",
 ]
 
-Offset = str
-"""A stream entry id, ``"<ms>-<seq>"``; see the module docstring."""
-
-START: Offset = "0-0"
-"""The offset before the first event: ``read(after=START)`` reads from the beginning."""
-
-_OFFSET_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
-MAX_THREAD_LENGTH = 256
-
-
 # -- values ----------------------------------------------------------------------
-
-
-def offset_key(offset: Offset) -> tuple[int, int]:
-    """The sort key of an offset. Raises :class:`InvalidOffset`."""
-    match = _OFFSET_RE.match(offset) if isinstance(offset, str) else None
-    if match is None:
-        raise InvalidOffset(f"invalid offset {offset!r}: expected '<ms>-<seq>', e.g. '0-0'")
-    return int(match.group(1)), int(match.group(2))
-
-
-def check_thread(thread: str) -> str:
-    """Return *thread* if it is a valid thread name, else raise :class:`InvalidEvent`.
-
-    A thread name is 1 to 256 characters without control characters.
-    """
-    if not isinstance(thread, str) or not 0 < len(thread) <= MAX_THREAD_LENGTH:
-        raise InvalidEvent(f"a thread name is a string of 1 to {MAX_THREAD_LENGTH} characters")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in thread):
-        raise InvalidEvent(f"thread name {thread!r} contains control characters")
-    return thread
 
 
 @dataclass(frozen=True, slots=True)

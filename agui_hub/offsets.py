@@ -1,0 +1,43 @@
+"""Thread names and offsets: the identifiers the wire protocol and the store share.
+
+An offset is a stream entry id, ``"<ms>-<seq>"``, compared as the pair
+``(ms, seq)``; :data:`START` (``"0-0"``) is the position before the first
+event. See ``docs/store.md`` for what offsets and epochs guarantee.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidEvent, InvalidOffset
+
+__all__ = ["MAX_THREAD_LENGTH", "START", "Offset", "check_thread", "offset_key"]
+
+Offset = str
+"""A stream entry id, ``"<ms>-<seq>"``."""
+
+START: Offset = "0-0"
+"""The offset before the first event: reading after it reads from the beginning."""
+
+MAX_THREAD_LENGTH = 256
+_OFFSET_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+
+
+def offset_key(offset: Offset) -> tuple[int, int]:
+    """The sort key of an offset. Raises :class:`InvalidOffset`."""
+    match = _OFFSET_RE.match(offset) if isinstance(offset, str) else None
+    if match is None:
+        raise InvalidOffset(f"invalid offset {offset!r}: expected '<ms>-<seq>', e.g. '0-0'")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_thread(thread: str) -> str:
+    """Return *thread* if it is a valid thread name, else raise :class:`InvalidEvent`.
+
+    A thread name is 1 to 256 characters without control characters.
+    """
+    if not isinstance(thread, str) or not 0 < len(thread) <= MAX_THREAD_LENGTH:
+        raise InvalidEvent(f"a thread name is a string of 1 to {MAX_THREAD_LENGTH} characters")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in thread):
+        raise InvalidEvent(f"thread name {thread!r} contains control characters")
+    return thread

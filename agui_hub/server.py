@@ -1,0 +1,432 @@
+"""The WebSocket gateway: ``agui-hub serve``.
+
+A thin I/O layer over :mod:`agui_hub.protocol` (what frames mean) and
+:mod:`agui_hub.hub` (who gets which event), on the ``websockets`` asyncio
+server. Per connection: one task reads and handles commands in order, one
+task writes the bounded send queue to the socket. Plain HTTP on the same port
+answers ``/healthz`` and ``/readyz``.
+
+Every connection, subscribe and publish passes through one authorisation
+decision, :meth:`Authorizer.authorize` (who, which action, which thread); the
+default allows everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import http
+import logging
+import os
+import signal
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from .codec import DEFAULT_MAX_SIZE, Encoding
+from .errors import AguiHubError, StoreUnavailable
+from .hub import Hub
+from .protocol import (
+    SUBPROTOCOLS,
+    CloseCode,
+    CommandError,
+    Ping,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    encode_frame,
+    encoding_of,
+    error_frame,
+    parse_command,
+    pong_frame,
+    published_frame,
+    unsubscribed_frame,
+)
+from .store import ThreadStore, open_store
+
+__all__ = ["Action", "AllowAll", "Authorizer", "Gateway", "GatewayConfig", "Principal"]
+
+log = logging.getLogger("agui_hub.server")
+
+KIB = 1024
+MIB = 1024 * KIB
+SECONDS = 1.0
+
+
+@dataclass
+class GatewayConfig:
+    """Gateway settings; every one can also come from an ``AGUI_HUB_*`` variable."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    store: str = ""
+    """Store URL; empty: the in-process memory store."""
+    max_frame_bytes: int = DEFAULT_MAX_SIZE
+    """Largest client frame; larger ones close the connection with 1009."""
+    max_subscriptions: int = 1000
+    """Threads one connection may subscribe to at once."""
+    send_queue_bytes: int = 4 * MIB
+    """A connection whose unsent frames exceed this is closed with 4000 (resume)."""
+    ping_interval: float | None = 20 * SECONDS
+    ping_timeout: float | None = 20 * SECONDS
+    idle_timeout: float = 300 * SECONDS
+    """A connection with no subscription and no command for this long is closed (4001)."""
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> GatewayConfig:
+        env = os.environ if environ is None else environ
+        config = cls()
+        for name, default in vars(config).items():
+            raw = env.get(f"AGUI_HUB_{name.upper()}")
+            if raw is not None:
+                kind = type(default) if default is not None else float
+                try:
+                    setattr(config, name, kind(raw))
+                except ValueError:
+                    raise ValueError(
+                        f"AGUI_HUB_{name.upper()}={raw!r} is not a {kind.__name__}"
+                    ) from None
+        for name, value in overrides.items():
+            if value is not None:
+                setattr(config, name, value)
+        return config
+
+
+# -- authorisation seam ---------------------------------------------------------------
+
+
+class Action(enum.StrEnum):
+    CONNECT = "connect"
+    SUBSCRIBE = "subscribe"
+    PUBLISH = "publish"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is on the other end of a connection, as far as the gateway knows."""
+
+    remote: str
+    headers: Headers = field(repr=False, compare=False)
+
+
+class Authorizer(Protocol):
+    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+        """Whether *principal* may do *action* (on *thread*, for subscribe and publish)."""
+        ...
+
+
+class AllowAll:
+    """The default policy: everyone may do everything."""
+
+    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+        return True
+
+
+# -- connections ------------------------------------------------------------------------------
+
+
+class ConnectionState(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Connection:
+    """One client socket, as the hub sees it (a :class:`~agui_hub.hub.Subscriber`)."""
+
+    def __init__(self, gateway: Gateway, ws: ServerConnection, encoding: Encoding) -> None:
+        self.gateway = gateway
+        self.ws = ws
+        self.encoding = encoding
+        self.state = ConnectionState.OPEN
+        self.principal = Principal(
+            str(ws.remote_address), ws.request.headers if ws.request else Headers()
+        )
+        self.threads: set[str] = set()
+        self._queue: deque[bytes | str] = deque()
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    # Subscriber protocol ------------------------------------------------------------------
+
+    def send(self, frame: bytes | str) -> bool:
+        if self.state is not ConnectionState.OPEN:
+            return True  # going away anyway; not a slow consumer
+        self._queue.append(frame)
+        self._queued_bytes += len(frame)
+        self._wake.set()
+        if self._queued_bytes > self.gateway.config.send_queue_bytes:
+            return False
+        if self._queued_bytes > self.gateway.config.send_queue_bytes // 2:
+            self._drained.clear()
+        return True
+
+    async def drained(self) -> None:
+        await self._drained.wait()
+
+    def close_soon(self, code: CloseCode, reason: str) -> None:
+        if self.state is ConnectionState.OPEN:
+            self.state = ConnectionState.CLOSING
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._drained.set()
+            task = asyncio.ensure_future(self.ws.close(int(code), reason))
+            self.gateway._chores.add(task)
+            task.add_done_callback(self.gateway._chores.discard)
+
+    # I/O ------------------------------------------------------------------------------------
+
+    async def write_loop(self) -> None:
+        while self.state is ConnectionState.OPEN:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            frame = self._queue.popleft()
+            self._queued_bytes -= len(frame)
+            if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
+                self._drained.set()
+            try:
+                await self.ws.send(frame)
+            except ConnectionClosed:
+                return
+
+    def reply(self, frame: dict[str, Any]) -> None:
+        if not self.send(encode_frame(frame, self.encoding)):
+            self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
+
+    async def handle(self, data: bytes | str) -> None:
+        """Handle one client frame. Errors become error frames; the connection stays."""
+        gateway = self.gateway
+        command_id = None
+        thread = None
+        try:
+            command = parse_command(data, self.encoding, max_size=gateway.config.max_frame_bytes)
+            command_id = command.id
+            if isinstance(command, Ping):
+                self.reply(pong_frame(command.id))
+            elif isinstance(command, Subscribe):
+                thread = command.thread
+                await self._subscribe(command)
+            elif isinstance(command, Unsubscribe):
+                thread = command.thread
+                if gateway.hub.unsubscribe(self, command.thread):
+                    self.threads.discard(command.thread)
+                    self.reply(unsubscribed_frame(command.id, command.thread))
+                else:
+                    self.reply(
+                        error_frame(
+                            "not_subscribed",
+                            f"not subscribed to thread {command.thread!r}",
+                            command.id,
+                            command.thread,
+                        )
+                    )
+            elif isinstance(command, Publish):
+                thread = command.thread
+                if not await gateway.authorizer.authorize(self.principal, Action.PUBLISH, thread):
+                    self.reply(error_frame("forbidden", "publishing here is not allowed",
+                                           command.id, thread))  # fmt: skip
+                    return
+                offsets = await gateway.hub.publish(thread, command.events, command.event_ids)
+                self.reply(published_frame(command.id, thread, offsets))
+        except CommandError as exc:
+            self.reply(error_frame(exc.code, str(exc), exc.command_id, thread))
+        except AguiHubError as exc:
+            self.reply(error_frame(exc.code, str(exc), command_id, thread))
+
+    async def _subscribe(self, command: Subscribe) -> None:
+        gateway = self.gateway
+        thread = command.thread
+        if thread in self.threads:
+            # Subscribing again restarts the subscription from the new position.
+            gateway.hub.unsubscribe(self, thread)
+            self.threads.discard(thread)
+        if len(self.threads) >= gateway.config.max_subscriptions:
+            self.reply(
+                error_frame(
+                    "too_many_subscriptions",
+                    f"at most {gateway.config.max_subscriptions} subscriptions per connection",
+                    command.id,
+                    thread,
+                )
+            )
+            return
+        if not await gateway.authorizer.authorize(self.principal, Action.SUBSCRIBE, thread):
+            self.reply(
+                error_frame("forbidden", "subscribing here is not allowed", command.id, thread)
+            )
+            return
+        self.threads.add(thread)
+        try:
+            await gateway.hub.subscribe(self, thread, command.id, command.start, command.run)
+        except BaseException:
+            self.threads.discard(thread)
+            gateway.hub.unsubscribe(self, thread)
+            raise
+
+    def forget(self) -> None:
+        self.state = ConnectionState.CLOSED
+        self._wake.set()
+        self._drained.set()
+        for thread in list(self.threads):
+            self.gateway.hub.unsubscribe(self, thread)
+        self.threads.clear()
+
+
+# -- the gateway ------------------------------------------------------------------------------
+
+
+class Gateway:
+    """The WebSocket gateway: a hub over a store, served on one port."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        store: ThreadStore | None = None,
+        authorizer: Authorizer | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store if store is not None else open_store(config.store or None)
+        self.hub = Hub(self.store, max_event_bytes=config.max_frame_bytes)
+        self.authorizer: Authorizer = authorizer or AllowAll()
+        self.connections: set[Connection] = set()
+        self.server: Server | None = None
+        self._chores: set[asyncio.Future[Any]] = set()
+        self._draining = False
+
+    # HTTP side -------------------------------------------------------------------------------
+
+    async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            return ws.respond(http.HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
+            if self._draining:
+                return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "draining\n")
+            try:
+                await asyncio.wait_for(self.store.ping(), 2 * SECONDS)
+            except (AguiHubError, TimeoutError) as exc:
+                return ws.respond(
+                    http.HTTPStatus.SERVICE_UNAVAILABLE, f"store unavailable: {exc}\n"
+                )
+            return ws.respond(http.HTTPStatus.OK, "ready\n")
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return ws.respond(
+                http.HTTPStatus.NOT_FOUND,
+                "agui-hub: open a WebSocket here, or GET /healthz or /readyz\n",
+            )
+        offered = [
+            p.strip()
+            for value in request.headers.get_all("Sec-WebSocket-Protocol")
+            for p in value.split(",")
+        ]
+        if not any(p in SUBPROTOCOLS for p in offered):
+            return ws.respond(
+                http.HTTPStatus.BAD_REQUEST,
+                "agui-hub: offer the subprotocol agui-hub.v1.json (text frames) or "
+                "agui-hub.v1.msgpack (binary frames) in Sec-WebSocket-Protocol\n",
+            )
+        principal = Principal(str(ws.remote_address), request.headers)
+        if not await self.authorizer.authorize(principal, Action.CONNECT, None):
+            return ws.respond(http.HTTPStatus.FORBIDDEN, "agui-hub: not allowed\n")
+        return None
+
+    @staticmethod
+    def _select_subprotocol(ws: ServerConnection, offered: Any) -> Any:
+        for name in offered:  # the client's order of preference
+            if name in SUBPROTOCOLS:
+                return name
+        return None
+
+    # WebSocket side -------------------------------------------------------------------------------
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        conn = Connection(self, ws, encoding_of(ws.subprotocol))
+        self.connections.add(conn)
+        writer = asyncio.create_task(conn.write_loop())
+        try:
+            while conn.state is ConnectionState.OPEN:
+                timeout = None if conn.threads else self.config.idle_timeout
+                try:
+                    async with asyncio.timeout(timeout):
+                        data = await ws.recv()
+                except TimeoutError:
+                    conn.close_soon(CloseCode.IDLE_TIMEOUT, "idle: reconnect when needed")
+                    break
+                await conn.handle(data)
+        except ConnectionClosed:
+            pass
+        except StoreUnavailable:
+            conn.close_soon(CloseCode.TRY_AGAIN_LATER, "store unavailable, resume later")
+        except Exception:
+            log.exception("connection %s failed", conn.principal.remote)
+            conn.close_soon(CloseCode.INTERNAL_ERROR, "internal error, resume")
+        finally:
+            conn.forget()
+            self.connections.discard(conn)
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.wait_closed(), 5 * SECONDS)
+
+    async def start(self) -> Server:
+        """Start listening. Log where, and on which store."""
+        config = self.config
+        self.server = await serve(
+            self._handler,
+            config.host,
+            config.port,
+            subprotocols=list(SUBPROTOCOLS),  # type: ignore[arg-type]
+            select_subprotocol=self._select_subprotocol,
+            process_request=self._process_request,
+            max_size=config.max_frame_bytes,
+            ping_interval=config.ping_interval,
+            ping_timeout=config.ping_timeout,
+            compression=None,
+        )
+        port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
+        self.config.port = port
+        store = config.store or "memory:// (in-process: events are lost when it exits)"
+        log.info("agui-hub listening on ws://%s:%s, store %s", config.host, port, store)
+        return self.server
+
+    async def drain(self) -> None:
+        """Stop accepting, tell every client to resume elsewhere (1012), close the store."""
+        self._draining = True
+        if self.server is not None:
+            self.server.close(close_connections=False)
+        for conn in list(self.connections):
+            conn.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
+        if self._chores:
+            await asyncio.wait(list(self._chores), timeout=10 * SECONDS)
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 10 * SECONDS)
+        await self.hub.close()
+        await self.store.close()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Serve until *stop* is set or SIGTERM / SIGINT arrives, then drain."""
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            log.info("agui-hub draining")
+            await self.drain()
+            log.info("agui-hub stopped")
