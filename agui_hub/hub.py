@@ -371,9 +371,8 @@ class ThreadChannel:
 class Hub:
     """All live threads of this process, over one store."""
 
-    def __init__(self, store: ThreadStore, *, max_event_bytes: int = 1024 * 1024) -> None:
+    def __init__(self, store: ThreadStore) -> None:
         self.store = store
-        self.max_event_bytes = max_event_bytes
         self.channels: dict[str, ThreadChannel] = {}
         self._verifiers: dict[str, tuple[SequenceVerifier, Offset, str | None]] = {}
         self._publish_locks: dict[str, asyncio.Lock] = {}

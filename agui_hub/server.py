@@ -297,7 +297,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store or None)
-        self.hub = Hub(self.store, max_event_bytes=config.max_frame_bytes)
+        self.hub = Hub(self.store)
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.connections: set[Connection] = set()
         self.server: Server | None = None
