@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from .codec import Encoding
+from .codec import Encoding, encode_msgpack
 from .errors import (
     AguiHubError,
     OffsetExpired,
@@ -55,13 +55,15 @@ from .protocol import (
 )
 from .reducer import ThreadState
 from .sequence import SequenceVerifier
-from .store import Entry, EventInput, FeedSubscription, ThreadStore
+from .store import Checkpoint, Entry, EventInput, FeedSubscription, ThreadStore
 
 __all__ = ["Hub", "Subscriber", "ThreadChannel"]
 
 log = logging.getLogger(__name__)
 
 HISTORY_PAGE = 500
+CHECKPOINT_EVERY = 1000
+"""Events between two checkpoints of a live thread's folded state."""
 
 
 class Subscriber(Protocol):
@@ -116,6 +118,9 @@ class ThreadChannel:
         self._task: asyncio.Task[None] | None = None
         self.generation = 0
         """Bumped on every (re)load, so that a replay in progress notices a reset."""
+        self._since_checkpoint = 0
+        self._checkpointing: asyncio.Future[None] | None = None
+        self._checkpoint_due = False
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -140,21 +145,65 @@ class ThreadChannel:
         self.state = ThreadState()
         self.complete = True
         self.generation += 1
+        self._since_checkpoint = 0
         self.epoch = await store.epoch(self.thread)
+        after = START
+        checkpoint = await store.get_checkpoint(self.thread) if self.epoch else None
+        if checkpoint is not None and checkpoint.epoch == self.epoch:
+            # Fold the checkpoint instead of the history it stands for.
+            for event in msgpack.unpackb(checkpoint.events, raw=False):
+                with contextlib.suppress(ProtocolError):
+                    self.state.apply(event)
+            self.complete = checkpoint.complete
+            after = checkpoint.offset
         try:
-            entries = await store.read(self.thread, after=START)
+            entries = await store.read(self.thread, after=after)
         except OffsetExpired:
-            # The beginning was trimmed: fold what is left, and say so in snapshots.
+            # Events after `after` were trimmed: fold what is left, and say so.
             self.complete = False
             info = await store.info(self.thread)
-            trimmed = info.trimmed if info is not None else None
-            entries = await store.read(self.thread, after=trimmed) if trimmed else []
+            if info is not None and info.trimmed is not None:
+                after = info.trimmed
+            entries = await store.read(self.thread, after=after)
         for entry in entries:
             self._fold(entry)
-        self.cursor = entries[-1].offset if entries else await store.last_offset(self.thread)
-        # Events stored after the read above come through the feed.
+        # Not last_offset(): an event stored after the read would be skipped.
+        self.cursor = entries[-1].offset if entries else after
         self._feed = store.subscribe(self.thread, after=self.cursor)
         await self._feed.open()
+
+    def _maybe_checkpoint(self) -> None:
+        self._since_checkpoint += 1
+        # Often enough that retention never trims past the last checkpoint.
+        interval = CHECKPOINT_EVERY
+        max_len = self.hub.store.retention.max_len
+        if max_len:
+            interval = min(interval, max(1, max_len // 2))
+        if self._since_checkpoint < interval or self.epoch is None:
+            return
+        self._since_checkpoint = 0
+        if self._checkpointing is not None and not self._checkpointing.done():
+            self._checkpoint_due = True  # written as soon as the one in flight is done
+            return
+        self._checkpointing = asyncio.ensure_future(self._put_checkpoints(self._checkpoint()))
+
+    def _checkpoint(self) -> Checkpoint:
+        # Encoded now, so the checkpoint is exactly the state at this cursor.
+        assert self.epoch is not None
+        return Checkpoint(
+            self.cursor, self.epoch, encode_msgpack(self.state.compact()), self.complete
+        )
+
+    async def _put_checkpoints(self, checkpoint: Checkpoint) -> None:
+        while True:
+            try:
+                await self.hub.store.put_checkpoint(self.thread, checkpoint)
+            except AguiHubError as exc:
+                log.warning("thread %s: checkpoint not stored: %s", self.thread, exc)
+            if not self._checkpoint_due or self.epoch is None:
+                return
+            self._checkpoint_due = False
+            checkpoint = self._checkpoint()
 
     async def _pump(self) -> None:
         assert self._feed is not None
@@ -228,6 +277,7 @@ class ThreadChannel:
                 self._send(sub, subscribed_frame(None, self.thread, self.epoch, self.cursor, True))
         self._fold(entry)
         self.cursor = entry.offset
+        self._maybe_checkpoint()
         key = offset_key(entry.offset)
         frames: dict[Encoding, bytes | str] = {}  # one frame per encoding, for everyone
         for sub, member in list(self.members.items()):
@@ -431,6 +481,8 @@ class Hub:
             else:
                 verifier = trial
             epoch = self._verifiers[thread][2]
+            if epoch is None:  # this append created the thread
+                epoch = await self.store.epoch(thread)
             self._verifiers[thread] = (verifier, offsets[-1], epoch)
             return offsets
 
@@ -451,7 +503,7 @@ class Hub:
             if info is not None and info.trimmed is not None:
                 entries = await self.store.read(thread, after=info.trimmed)
             verifier = _lenient(verifier, entries)
-            after = entries[-1].offset if entries else after
+            after = entries[-1].offset if entries else (info.trimmed if info else None) or after
             self._verifiers[thread] = (verifier, after, epoch)
             return verifier
         for entry in entries:
@@ -468,19 +520,54 @@ class Hub:
         self.channels.clear()
 
 
+def _opener(rule: str, event: dict[str, Any]) -> dict[str, Any] | None:
+    """The event that would have opened what *event* continues (for trimmed streams)."""
+    sub = {"subagentRunId": event["subagentRunId"]} if "subagentRunId" in event else {}
+    if rule in ("run_not_started", "run_already_finished", "run_already_errored"):
+        return {"type": "RUN_STARTED", "threadId": "", "runId": ""}
+    if rule == "message_not_open":
+        return {"type": "TEXT_MESSAGE_START", "messageId": event.get("messageId", ""), **sub}
+    if rule == "tool_call_not_open":
+        return {
+            "type": "TOOL_CALL_START",
+            "toolCallId": event.get("toolCallId", ""),
+            "toolCallName": "",
+            **sub,
+        }
+    if rule == "reasoning_not_open":
+        return {"type": "REASONING_MESSAGE_START", "messageId": event.get("messageId", ""), **sub}
+    if rule == "reasoning_span_not_open":
+        return {"type": "REASONING_START", "messageId": event.get("messageId", ""), **sub}
+    if rule == "step_not_active":
+        return {"type": "STEP_STARTED", "stepName": event.get("stepName", ""), **sub}
+    if rule == "subagent_not_active":
+        return {"type": "SUBAGENT_STARTED", "subagentRunId": event.get("subagentRunId", ""),
+                "name": ""}  # fmt: skip
+    return None
+
+
 def _lenient(verifier: SequenceVerifier, entries: Sequence[Entry]) -> SequenceVerifier:
-    """Replay a stream that may start mid-run (its beginning was trimmed)."""
+    """Replay a stream whose beginning was trimmed: assume what it no longer shows.
+
+    An event that continues something opened before the trimmed part (a run,
+    a message, a tool call, a step, a subagent) is preceded by a stand-in for
+    its opener, so that what follows is judged by the usual rules.
+    """
     for entry in entries:
         try:
             event = msgpack.unpackb(entry.data, raw=False)
-            verifier.verify(event)
-        except SequenceError:
-            if event.get("type") not in ("RUN_STARTED", "RUN_ERROR"):
-                # Mid-run: pretend the run started, so that what follows is judged.
-                with contextlib.suppress(ProtocolError):
-                    verifier.verify({"type": "RUN_STARTED", "threadId": "", "runId": ""})
-                with contextlib.suppress(ProtocolError):
-                    verifier.verify(event)
-        except (ProtocolError, ValueError, msgpack.UnpackException):
+        except (ValueError, msgpack.UnpackException):
             continue
+        for _ in range(3):  # a content event may need a run and a message
+            try:
+                verifier.verify(event)
+                break
+            except SequenceError as exc:
+                opener = _opener(exc.rule, event)
+                if opener is None:
+                    break
+                with contextlib.suppress(ProtocolError):
+                    verifier.verify(opener)
+            except ProtocolError:
+                break
     return verifier

@@ -22,6 +22,7 @@ from .codec import encode_msgpack
 from .errors import OffsetExpired
 from .store import (
     START,
+    Checkpoint,
     Entry,
     EventInput,
     FeedSubscription,
@@ -50,6 +51,7 @@ class _Thread:
     run_id: str | None = None
     trimmed: Offset | None = None
     touched: float = 0.0
+    checkpoint: Checkpoint | None = None
 
 
 class MemoryStore:
@@ -212,6 +214,18 @@ class MemoryStore:
         for sub in list(self._subs.get(thread, ())):
             sub._on_live([], None)
         return True
+
+    async def put_checkpoint(self, thread: str, checkpoint: Checkpoint) -> None:
+        state = self._get(thread)
+        if state is None or state.epoch != checkpoint.epoch:
+            return  # the thread is gone or re-created: the checkpoint is stale
+        known = state.checkpoint
+        if known is None or offset_key(known.offset) < offset_key(checkpoint.offset):
+            state.checkpoint = checkpoint
+
+    async def get_checkpoint(self, thread: str) -> Checkpoint | None:
+        state = self._get(thread)
+        return state.checkpoint if state is not None else None
 
     async def ping(self) -> None:
         return None

@@ -56,6 +56,7 @@ from .errors import OffsetExpired, StoreError, StoreUnavailable
 from .store import (
     PAGE_SIZE,
     START,
+    Checkpoint,
     Entry,
     EventInput,
     FeedSubscription,
@@ -85,6 +86,10 @@ def meta_key(prefix: str, thread: str) -> str:
 
 def ids_key(prefix: str, thread: str) -> str:
     return f"{prefix}:{{{thread}}}:ids"
+
+
+def checkpoint_key(prefix: str, thread: str) -> str:
+    return f"{prefix}:{{{thread}}}:checkpoint"
 
 
 def notify_channel(prefix: str, thread: str) -> str:
@@ -175,6 +180,26 @@ if added > 0 then
   redis.call('PUBLISH', channel, offsets[#offsets])
 end
 return {epoch, offsets}
+"""
+
+
+# KEYS: checkpoint, meta; ARGV: offset, epoch, events, complete, ttl_ms.
+# Writes only for the thread's current epoch and only forward: a slower
+# gateway never replaces a later checkpoint with an older one.
+CHECKPOINT_SCRIPT = """
+local epoch = redis.call('HGET', KEYS[2], 'epoch')
+if epoch ~= ARGV[2] then return 0 end
+local known = redis.call('HGET', KEYS[1], 'offset')
+if known then
+  local k_ms, k_seq = string.match(known, '^(%d+)-(%d+)$')
+  local n_ms, n_seq = string.match(ARGV[1], '^(%d+)-(%d+)$')
+  k_ms, k_seq, n_ms, n_seq = tonumber(k_ms), tonumber(k_seq), tonumber(n_ms), tonumber(n_seq)
+  if n_ms < k_ms or (n_ms == k_ms and n_seq <= k_seq) then return 0 end
+end
+redis.call('HSET', KEYS[1], 'offset', ARGV[1], 'epoch', ARGV[2], 'events', ARGV[3],
+  'complete', ARGV[4])
+if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end
+return 1
 """
 
 
@@ -781,11 +806,36 @@ class RedisStore:
             stream_key(self.prefix, thread),
             meta_key(self.prefix, thread),
             ids_key(self.prefix, thread),
+            checkpoint_key(self.prefix, thread),
         ]
         removed = await self._call(self._client.delete(*keys))
         # Tell live readers, so their subscribers learn of the reset now.
         await self._call(self._client.publish(notify_channel(self.prefix, thread), "deleted"))
         return bool(removed)
+
+    async def put_checkpoint(self, thread: str, checkpoint: Checkpoint) -> None:
+        check_thread(thread)
+        keys = [checkpoint_key(self.prefix, thread), meta_key(self.prefix, thread)]
+        args: list[Any] = [
+            checkpoint.offset,
+            checkpoint.epoch,
+            checkpoint.events,
+            int(checkpoint.complete),
+            int(self.retention.ttl * 1000),
+        ]
+        await self._call(self._client.eval(CHECKPOINT_SCRIPT, len(keys), *keys, *args))
+
+    async def get_checkpoint(self, thread: str) -> Checkpoint | None:
+        check_thread(thread)
+        raw = await self._call(
+            self._client.hmget(
+                checkpoint_key(self.prefix, thread), ["offset", "epoch", "events", "complete"]
+            )
+        )
+        offset, epoch, events, complete = raw
+        if offset is None or epoch is None or not isinstance(events, bytes):
+            return None
+        return Checkpoint(_text(offset), _text(epoch), events, complete == b"1")
 
     async def ping(self) -> None:
         await self._call(self._client.ping())

@@ -59,6 +59,7 @@ from .offsets import START, Offset, check_thread, offset_key
 
 __all__ = [
     "START",
+    "Checkpoint",
     "Entry",
     "EventInput",
     "FeedSubscription",
@@ -136,6 +137,23 @@ class ThreadInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The folded state of a thread at an offset, stored to spare a full replay.
+
+    ``events`` is the msgpack of :meth:`~agui_hub.reducer.ThreadState.compact`
+    at ``offset`` in ``epoch``; ``complete`` says whether that state folded
+    the thread's whole history. A gateway writes checkpoints of the threads it
+    serves, so that one that starts later (or after retention trimmed the
+    beginning) folds from the checkpoint instead of the whole stream.
+    """
+
+    offset: Offset
+    epoch: str
+    events: bytes
+    complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Retention:
     """How long a thread's events are kept; ``0`` disables a limit.
 
@@ -210,6 +228,14 @@ class ThreadStore(Protocol):
         """Delete a thread and all its events; ``True`` if it existed."""
         ...
 
+    async def put_checkpoint(self, thread: str, checkpoint: Checkpoint) -> None:
+        """Store *checkpoint* for *thread* unless a later one is stored."""
+        ...
+
+    async def get_checkpoint(self, thread: str) -> Checkpoint | None:
+        """The thread's checkpoint, ``None`` if it has none."""
+        ...
+
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` unless the backend answers."""
         ...
@@ -238,6 +264,8 @@ class FeedBackend(Protocol):
         ...
 
     async def last_offset(self, thread: str) -> Offset: ...
+
+    async def epoch(self, thread: str) -> str | None: ...
 
     async def _register(self, sub: FeedSubscription) -> None:
         """Start calling ``sub._on_live`` with every entry appended from now on."""
@@ -289,6 +317,7 @@ class FeedSubscription:
         self._last_key = offset_key(self._cursor)
         self._error: BaseException | None = None
         self._wake = asyncio.Event()
+        self._head_key = (0, 0)
 
     # -- consumer side -----------------------------------------------------------------
 
@@ -298,9 +327,13 @@ class FeedSubscription:
             return
         self.state = FeedState.CATCHING_UP
         await self._backend._register(self)
+        # Registered first: every entry after `head` reaches the buffer, so
+        # history is needed only up to `head`.
+        self.epoch = await self._backend.epoch(self.thread)
+        head = await self._backend.last_offset(self.thread)
+        self._head_key = offset_key(head)
         if self._after is None:
-            # Registered first, so nothing appended from here on can be missed.
-            self._cursor = await self._backend.last_offset(self.thread)
+            self._cursor = head
             self._last_key = offset_key(self._cursor)
             self.last = self._cursor
 
@@ -343,13 +376,14 @@ class FeedSubscription:
     # -- store side ---------------------------------------------------------------------
 
     async def _catch_up_one_page(self) -> None:
-        epoch, page = await self._backend._fetch(self.thread, self._cursor, PAGE_SIZE)
-        if not self._check_epoch(epoch):
-            return
-        if page:
-            self._cursor = page[-1].offset
-            self._enqueue(page)
-            return
+        if offset_key(self._cursor) < self._head_key:
+            epoch, page = await self._backend._fetch(self.thread, self._cursor, PAGE_SIZE)
+            if not self._check_epoch(epoch):
+                return
+            if page:
+                self._cursor = page[-1].offset
+                self._enqueue(page)
+                return
         # History exhausted: what arrived live meanwhile follows, then live mode.
         self.state = FeedState.LIVE
         buffered, self._buffer, self._buffer_bytes = self._buffer, [], 0
@@ -372,8 +406,7 @@ class FeedSubscription:
             if self._check_epoch(epoch):
                 self._enqueue(entries, pushed=True)
             return
-        if self.epoch is not None and epoch != self.epoch:
-            self._fail(ThreadReset(self.thread, self.epoch, epoch))
+        if not self._check_epoch(epoch):
             return
         self._buffer.extend(entries)
         self._buffer_bytes += sum(len(e.data) for e in entries)

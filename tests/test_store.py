@@ -22,6 +22,7 @@ from agui_hub.memory_store import MemoryStore
 from agui_hub.redis_store import RedisStore
 from agui_hub.store import (
     START,
+    Checkpoint,
     EventInput,
     Retention,
     ThreadStore,
@@ -352,3 +353,23 @@ def test_store_urls() -> None:
         open_store("memory://?maxlen=3")
     with pytest.raises(ValueError, match="negative"):
         Retention(max_len=-1)
+
+
+async def test_checkpoints_move_forward_only_within_the_epoch(make_store: StoreFactory) -> None:
+    store = await make_store()
+    offsets = await store.append("t", [item(i) for i in range(3)])
+    epoch = await store.epoch("t")
+    assert epoch is not None
+    assert await store.get_checkpoint("t") is None
+    second = Checkpoint(offsets[1], epoch, b"\x90", complete=True)
+    await store.put_checkpoint("t", second)
+    assert await store.get_checkpoint("t") == second
+    await store.put_checkpoint("t", Checkpoint(offsets[0], epoch, b"\x91\x01"))  # older
+    assert await store.get_checkpoint("t") == second
+    await store.put_checkpoint("t", Checkpoint(offsets[2], "another-epoch", b"\x90"))
+    assert await store.get_checkpoint("t") == second
+    third = Checkpoint(offsets[2], epoch, b"\x90", complete=False)
+    await store.put_checkpoint("t", third)
+    assert await store.get_checkpoint("t") == third
+    await store.delete("t")
+    assert await store.get_checkpoint("t") is None

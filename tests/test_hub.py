@@ -1,0 +1,109 @@
+"""The fan-out core (agui_hub.hub) with an in-memory subscriber: no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from agui_hub import hub as hub_module
+from agui_hub.codec import Encoding
+from agui_hub.memory_store import MemoryStore
+from agui_hub.protocol import CloseCode, StartKind
+from agui_hub.reducer import fold
+from agui_hub.store import Retention
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Viewer:
+    """A subscriber that keeps every frame (JSON) and never overflows."""
+
+    encoding = Encoding.JSON
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.closed: CloseCode | None = None
+
+    def send(self, frame: bytes | str) -> bool:
+        self.frames.append(json.loads(frame))
+        return True
+
+    async def drained(self) -> None:
+        return None
+
+    def close_soon(self, code: CloseCode, reason: str) -> None:
+        self.closed = code
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [f for f in self.frames if f["type"] == kind]
+
+
+def run_events(n_deltas: int) -> list[dict[str, Any]]:
+    return [
+        {"type": "RUN_STARTED", "threadId": "t", "runId": "r1"},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m1"},
+        *({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": f"{i} "}
+          for i in range(n_deltas)),
+        {"type": "STATE_SNAPSHOT", "snapshot": {"done": True}},
+    ]  # fmt: skip
+
+
+async def publish_all(hub: hub_module.Hub, events: list[dict[str, Any]]) -> None:
+    for i in range(0, len(events), 100):
+        await hub.publish("t", events[i : i + 100])
+        await asyncio.sleep(0)  # as between two frames from the network
+
+
+async def test_a_new_process_folds_a_trimmed_thread_from_the_checkpoint() -> None:
+    # Checkpoints come every max_len / 2 events, so trimming never outruns them.
+    store = MemoryStore(retention=Retention(max_len=150))
+    events = run_events(600)
+    first = hub_module.Hub(store)
+    keeper = Viewer()
+    await first.subscribe(keeper, "t", 1, StartKind.LIVE, None)  # the thread is live here
+    await publish_all(first, events)
+    await asyncio.sleep(0.05)  # let the checkpoint task run
+    assert await store.get_checkpoint("t") is not None
+    await first.close()
+
+    # Another process starts after most of the thread was trimmed away.
+    second = hub_module.Hub(store)
+    late = Viewer()
+    await second.subscribe(late, "t", 1, StartKind.SNAPSHOT, None)
+    (snapshot,) = late.of_type("snapshot")
+    assert snapshot["complete"] is True
+    assert fold(snapshot["events"]) == fold(events)
+    await second.close()
+
+
+async def test_without_a_checkpoint_a_trimmed_thread_gives_an_incomplete_snapshot() -> None:
+    store = MemoryStore(retention=Retention(max_len=50))
+    events = run_events(300)
+    hub = hub_module.Hub(store)
+    await publish_all(hub, events)  # nobody subscribed: no checkpoint written
+    viewer = Viewer()
+    await hub.subscribe(viewer, "t", 1, StartKind.START, None)
+    subscribed, snapshot = viewer.frames[:2]
+    assert subscribed["type"] == "subscribed" and subscribed["recovered"] is False
+    assert snapshot["type"] == "snapshot" and snapshot["complete"] is False
+    await hub.close()
+
+
+async def test_history_then_live_without_gap_or_duplicate() -> None:
+    store = MemoryStore()
+    hub = hub_module.Hub(store)
+    events = run_events(2000)
+    await publish_all(hub, events[:1000])
+    viewer = Viewer()
+    publishing = asyncio.create_task(publish_all(hub, events[1000:]))
+    await hub.subscribe(viewer, "t", 1, StartKind.START, None)
+    await publishing
+    await asyncio.sleep(0.05)
+    got = [f["event"] for f in viewer.of_type("event")]
+    assert got == events
+    offsets = [f["offset"] for f in viewer.of_type("event")]
+    assert offsets == [e.offset for e in await store.read("t")]
+    await hub.close()
