@@ -463,27 +463,34 @@ class Hub:
         :class:`~agui_hub.errors.StoreError`.
         """
         wires = [validate_wire(event) for event in events]
+        ids = list(event_ids) if event_ids else [uuid.uuid4().hex for _ in wires]
         lock = self._publish_locks.setdefault(thread, asyncio.Lock())
         async with lock:
+            # A retry of events already stored is answered with their offsets; only
+            # the new ones are checked against the sequence rules.
+            known = await self.store.stored_ids(thread, ids) if event_ids else {}
+            new = [w for w, i in zip(wires, ids, strict=True) if i not in known]
+            if not new:
+                return [known[i] for i in ids]
             verifier = await self._verifier(thread)
-            trial = copy.deepcopy(verifier) if len(wires) > 1 else verifier
-            if len(wires) == 1:
-                trial.check(wires[0])
+            trial = copy.deepcopy(verifier) if len(new) > 1 else verifier
+            if len(new) == 1:
+                trial.check(new[0])
             else:
-                for wire in wires:
+                for wire in new:
                     trial.verify(wire)
-            ids = list(event_ids) if event_ids else [uuid.uuid4().hex for _ in wires]
             offsets = await self.store.append(
                 thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
             )
-            if len(wires) == 1:
-                verifier.verify(wires[0])
+            if len(new) == 1:
+                verifier.verify(new[0])
             else:
                 verifier = trial
             epoch = self._verifiers[thread][2]
             if epoch is None:  # this append created the thread
                 epoch = await self.store.epoch(thread)
-            self._verifiers[thread] = (verifier, offsets[-1], epoch)
+            newest = max(offsets, key=offset_key)
+            self._verifiers[thread] = (verifier, newest, epoch)
             return offsets
 
     async def _verifier(self, thread: str) -> SequenceVerifier:

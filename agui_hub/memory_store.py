@@ -139,6 +139,12 @@ class MemoryStore:
                 sub._on_live(added, state.epoch)
         return offsets
 
+    async def stored_ids(self, thread: str, event_ids: Sequence[str]) -> dict[str, Offset]:
+        state = self._get(thread)
+        if state is None:
+            return {}
+        return {i: state.ids[i] for i in event_ids if i in state.ids}
+
     async def _fetch(
         self, thread: str, after: Offset, limit: int
     ) -> tuple[str | None, list[Entry]]:

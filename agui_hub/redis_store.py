@@ -676,6 +676,13 @@ class RedisStore:
 
     # -- reading --------------------------------------------------------------------------
 
+    async def stored_ids(self, thread: str, event_ids: Sequence[str]) -> dict[str, Offset]:
+        check_thread(thread)
+        if not event_ids:
+            return {}
+        found = await self._call(self._client.hmget(ids_key(self.prefix, thread), list(event_ids)))
+        return {i: _text(o) for i, o in zip(event_ids, found, strict=True) if o is not None}
+
     async def _read_pages(self, cursors: Sequence[tuple[str, Offset]], limit: int) -> list[_Page]:
         """For each (thread, after): epoch, trim mark and entries, in one round trip.
 

@@ -190,6 +190,10 @@ class ThreadStore(Protocol):
         """
         ...
 
+    async def stored_ids(self, thread: str, event_ids: Sequence[str]) -> dict[str, Offset]:
+        """The offsets of those of *event_ids* that are stored (a retry's check)."""
+        ...
+
     async def read(
         self, thread: str, after: Offset = START, limit: int | None = None
     ) -> list[Entry]:

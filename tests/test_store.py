@@ -373,3 +373,12 @@ async def test_checkpoints_move_forward_only_within_the_epoch(make_store: StoreF
     assert await store.get_checkpoint("t") == third
     await store.delete("t")
     assert await store.get_checkpoint("t") is None
+
+
+async def test_stored_ids_answers_which_events_are_already_stored(
+    make_store: StoreFactory,
+) -> None:
+    store = await make_store()
+    assert await store.stored_ids("t", ["e1"]) == {}
+    offsets = await store.append("t", [item(1), item(2)])
+    assert await store.stored_ids("t", ["e2", "e9", "e1"]) == {"e1": offsets[0], "e2": offsets[1]}
