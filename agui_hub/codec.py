@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import threading
 from typing import Any
 
@@ -163,7 +164,7 @@ def decode_json(data: bytes | str, *, max_size: int | None = DEFAULT_MAX_SIZE) -
     try:
         # JSON on the wire is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32.
         text = data.decode() if isinstance(data, bytes | bytearray) else data
-        return _JSON_DECODER.decode(text)
+        value = _JSON_DECODER.decode(text)
     except DecodeError:
         raise
     except UnicodeDecodeError as exc:
@@ -176,6 +177,30 @@ def decode_json(data: bytes | str, *, max_size: int | None = DEFAULT_MAX_SIZE) -
         raise DecodeError("JSON value nested too deeply") from None
     except (ValueError, TypeError) as exc:
         raise DecodeError(f"malformed JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(text):
+        # "\ud800" is valid JSON but not text: it could not be encoded again.
+        _reject_surrogates(value)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _reject_surrogates(value: Any, depth: int = 0) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise DecodeError(
+                "JSON string with a lone surrogate (\\ud800-\\udfff): not valid Unicode text"
+            ) from None
+    elif isinstance(value, dict) and depth < 300:
+        for key, item in value.items():
+            _reject_surrogates(key, depth + 1)
+            _reject_surrogates(item, depth + 1)
+    elif isinstance(value, list) and depth < 300:
+        for item in value:
+            _reject_surrogates(item, depth + 1)
 
 
 def decode(

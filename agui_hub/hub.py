@@ -367,11 +367,12 @@ class ThreadChannel:
                     break
                 if not self._send_entry(sub, member, entry, None):
                     return
+                # Paced by the socket: never more than half the send queue ahead.
+                await sub.drained()
+                if self.members.get(sub) is not member or self.generation != generation:
+                    return  # dropped, or the thread was reset (which resynced it)
             if not page or page[-1].offset == cursor or len(page) < HISTORY_PAGE:
                 break
-            await sub.drained()
-            if self.members.get(sub) is not member or self.generation != generation:
-                return  # dropped, or the thread was reset (which resynced it)
             try:
                 page = await store.read(self.thread, after=page[-1].offset, limit=HISTORY_PAGE)
             except OffsetExpired:

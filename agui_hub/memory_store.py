@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .codec import encode_msgpack
 from .errors import OffsetExpired
 from .store import (
     START,
@@ -30,6 +29,7 @@ from .store import (
     Retention,
     ThreadInfo,
     check_thread,
+    encode_event_data,
     offset_key,
 )
 
@@ -109,7 +109,7 @@ class MemoryStore:
         if not events:
             return []
         # Encode first: a value that cannot be encoded appends nothing.
-        encoded = [encode_msgpack(item.event) for item in events]
+        encoded = [encode_event_data(item.event) for item in events]
         state = self._get(thread)
         if state is None:
             state = self._threads[thread] = _Thread(epoch=new_epoch())

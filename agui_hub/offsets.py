@@ -20,15 +20,18 @@ START: Offset = "0-0"
 """The offset before the first event: reading after it reads from the beginning."""
 
 MAX_THREAD_LENGTH = 256
-_OFFSET_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+_OFFSET_RE = re.compile(r"(\d{1,20})-(\d{1,20})")
+_MAX_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit integers
 
 
 def offset_key(offset: Offset) -> tuple[int, int]:
     """The sort key of an offset. Raises :class:`InvalidOffset`."""
-    match = _OFFSET_RE.match(offset) if isinstance(offset, str) else None
-    if match is None:
-        raise InvalidOffset(f"invalid offset {offset!r}: expected '<ms>-<seq>', e.g. '0-0'")
-    return int(match.group(1)), int(match.group(2))
+    match = _OFFSET_RE.fullmatch(offset) if isinstance(offset, str) else None
+    if match is not None:
+        ms, seq = int(match.group(1)), int(match.group(2))
+        if ms <= _MAX_PART and seq <= _MAX_PART:
+            return ms, seq
+    raise InvalidOffset(f"invalid offset {offset!r}: expected '<ms>-<seq>', e.g. '0-0'")
 
 
 def check_thread(thread: str) -> str:

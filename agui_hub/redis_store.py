@@ -51,7 +51,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .codec import encode_msgpack
 from .errors import OffsetExpired, StoreError, StoreUnavailable
 from .store import (
     PAGE_SIZE,
@@ -64,6 +63,7 @@ from .store import (
     Retention,
     ThreadInfo,
     check_thread,
+    encode_event_data,
     offset_key,
 )
 
@@ -585,7 +585,7 @@ class RedisStore:
                 item.event_id,
                 item.run_id or "",
                 str(item.event.get("type", "")),
-                encode_msgpack(item.event),
+                encode_event_data(item.event),
             ]
         done: asyncio.Future[list[Offset]] = asyncio.get_running_loop().create_future()
         self._queued.append(_QueuedAppend(thread, quads, len(events), done))

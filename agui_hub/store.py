@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from .codec import encode_msgpack
 from .errors import (
+    InvalidEvent,
     InvalidOffset,
     OffsetExpired,
     StoreError,
@@ -79,6 +81,18 @@ __all__ = [
 ]
 
 # -- values ----------------------------------------------------------------------
+
+
+def encode_event_data(event: dict[str, Any]) -> bytes:
+    """The msgpack bytes a store keeps for *event*; :class:`InvalidEvent` if impossible.
+
+    Events from the wire were checked already; this catches values a Python
+    caller passed that JSON cannot express (e.g. a lone surrogate in a string).
+    """
+    try:
+        return encode_msgpack(event)
+    except ValueError as exc:
+        raise InvalidEvent(f"event cannot be stored: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
