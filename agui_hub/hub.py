@@ -286,7 +286,8 @@ class ThreadChannel:
             if member.phase is Phase.CATCHING_UP:
                 member.buffer.append((entry, frames))
             else:
-                self._send_entry(sub, member, entry, frames, live=True)
+                member.last = key
+                self._send_entry(sub, member, entry, frames)
 
     def _send(self, sub: Subscriber, frame: dict[str, Any]) -> bool:
         if not sub.send(encode_frame(frame, sub.encoding)):

@@ -380,7 +380,7 @@ class _LiveReader:
                 delay, down_since = 0.05, None
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (RedisError, OSError, TimeoutError, StoreUnavailable) as exc:
                 now = loop.time()
                 down_since = down_since or now
                 if now - down_since > self._store.outage_grace:
