@@ -176,8 +176,6 @@ class MemoryStore:
         return f"{state.last[0]}-{state.last[1]}"
 
     def subscribe(self, thread: str, after: Offset | None = None) -> FeedSubscription:
-        if self._max_pending is None:
-            return FeedSubscription(self, thread, after)
         return FeedSubscription(self, thread, after, max_pending_bytes=self._max_pending)
 
     async def _register(self, sub: FeedSubscription) -> None:

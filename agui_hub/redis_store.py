@@ -756,8 +756,6 @@ class RedisStore:
         return _text(last[0][0]) if last else START
 
     def subscribe(self, thread: str, after: Offset | None = None) -> FeedSubscription:
-        if self._max_pending is None:
-            return FeedSubscription(self, thread, after)
         return FeedSubscription(self, thread, after, max_pending_bytes=self._max_pending)
 
     async def _register(self, sub: FeedSubscription) -> None:
@@ -846,14 +844,6 @@ class RedisStore:
 
     async def ping(self) -> None:
         await self._call(self._client.ping())
-
-    async def connections(self) -> int:
-        """Client connections Redis sees from this store (``CLIENT LIST``), for operators."""
-        pool = self._client.connection_pool
-        in_use = len(getattr(pool, "_in_use_connections", ()))
-        available = len(getattr(pool, "_available_connections", ()))
-        pubsub = 1 if self._reader._pubsub is not None else 0
-        return in_use + available + pubsub
 
     async def close(self) -> None:
         if self._committer is not None and not self._committer.done():

@@ -316,7 +316,7 @@ class FeedSubscription:
         thread: str,
         after: Offset | None,
         *,
-        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        max_pending_bytes: int | None = None,
     ) -> None:
         self.thread = check_thread(thread)
         if after is not None:
@@ -326,7 +326,7 @@ class FeedSubscription:
         self.last: Offset = after or START
         self.epoch: str | None = None
         self.state = FeedState.NEW
-        self._max_pending = max_pending_bytes
+        self._max_pending = max_pending_bytes or DEFAULT_MAX_PENDING_BYTES
         self._queue: deque[Entry] = deque()
         self._pending_bytes = 0
         self._buffer: list[Entry] = []
