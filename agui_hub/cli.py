@@ -1,14 +1,42 @@
-"""The ``agui-hub`` command line."""
+"""The ``agui-hub`` command line: serve, publish, tail, replay, demo.
+
+Exit status: 0 done, 1 the work failed (the hub is unreachable, an event was
+rejected, ...; the message on stderr says why), 2 a usage error, 130
+interrupted. Transcripts and offsets go to stdout, everything else to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import logging
+import os
+import stat
 import sys
-from collections.abc import Sequence
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
 
 from . import __version__
+from .errors import AguiHubError, HubUnreachable, OffsetExpired
+from .offsets import START, check_thread, offset_key
+from .protocol import Position
+
+DEFAULT_URL = "ws://127.0.0.1:8765"
+URL_HELP = (
+    "the hub: a gateway URL ws://HOST:PORT (default $AGUI_HUB_URL or "
+    f"{DEFAULT_URL}), or for publish, replay and demo also a store URL redis://HOST:PORT/DB"
+)
+
+
+class UsageError(Exception):
+    """A command line that cannot work; reported with exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +73,83 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ping-interval", type=float, help="seconds between keepalive pings")
     serve.add_argument("--idle-timeout", type=float, help="seconds before an idle socket closes")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+
+    publish = commands.add_parser(
+        "publish",
+        help="publish NDJSON events into a thread",
+        description="Publish AG-UI events, one JSON object per line, into THREAD and print "
+        'one offset per event. A line is an event, or {"event": {...}, "eventId": '
+        '"..."} (what `replay --json` prints also works). Every event is validated and '
+        "checked against the thread's sequence rules before it is stored; from a file, "
+        "nothing is published unless every line is a valid event.",
+    )
+    publish.add_argument("thread")
+    publish.add_argument("file", nargs="?", default="-", help="NDJSON file (default -: stdin)")
+    publish.add_argument("--url", help=URL_HELP)
+    publish.add_argument(
+        "--sequence",
+        choices=["strict", "off"],
+        default="strict",
+        help="sequence checks when publishing into a store (a gateway is always strict)",
+    )
+
+    tail = commands.add_parser(
+        "tail",
+        help="follow a thread as a chat transcript",
+        description="Follow THREAD through a gateway and print it as a chat transcript: "
+        "streaming text, tool calls and results, reasoning, state changes, runs. "
+        "Reconnects and resumes by itself. With --offset-file the position is kept on "
+        "disk after every event, so a tail that is killed and started again continues "
+        "exactly where it stopped.",
+    )
+    tail.add_argument("thread")
+    tail.add_argument("--url", help="the gateway, ws://HOST:PORT (default $AGUI_HUB_URL or "
+                      f"{DEFAULT_URL})")  # fmt: skip
+    tail.add_argument(
+        "--from",
+        dest="start",
+        default="start",
+        metavar="WHERE",
+        help="start, live, snapshot, or an offset (OFFSET or OFFSET@EPOCH); default start",
+    )
+    tail.add_argument("--offset-file", type=Path, help="keep the position in this file")
+    tail.add_argument(
+        "--until-finished",
+        action="store_true",
+        help="exit when a run ends at or after the newest event stored when tail connected",
+    )
+    tail.add_argument("--run", help="show only this run's events")
+    tail.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+    replay = commands.add_parser(
+        "replay",
+        help="print every stored event of a thread",
+        description="Print every stored event of THREAD and exit: as NDJSON lines "
+        '{"offset": ..., "event": {...}} with --json, as a transcript otherwise.',
+    )
+    replay.add_argument("thread")
+    replay.add_argument("--url", help=URL_HELP)
+    replay.add_argument("--json", action="store_true", help="NDJSON, one event per line")
+    replay.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+    demo = commands.add_parser(
+        "demo",
+        help="stream a realistic demo run into a thread",
+        description="Publish a realistic agent run (reasoning, streamed text, tool calls "
+        "with results, state deltas, steps) into THREAD, paced like a real model. Watch "
+        "it with `agui-hub tail THREAD`.",
+    )
+    demo.add_argument("thread", nargs="?", default="demo", help="default: demo")
+    demo.add_argument("--url", help=URL_HELP)
+    demo.add_argument("--run-id", help="the run's id (default: a new one)")
+    demo.add_argument("--runs", type=int, default=1, help="how many runs, one after another")
+    demo.add_argument(
+        "--speed", type=float, default=1.0, help="pace multiplier (2: twice as fast; 0: no pauses)"
+    )
     return parser
+
+
+# -- serve ---------------------------------------------------------------------------------------
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -80,13 +184,505 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def _url(args: argparse.Namespace, *, gateway_only: bool = False) -> str:
+    url: str = args.url or os.environ.get("AGUI_HUB_URL") or DEFAULT_URL
+    scheme = urlsplit(url).scheme.lower()
+    allowed = {"ws", "wss"} if gateway_only else {"ws", "wss", "redis", "rediss"}
+    if scheme not in allowed:
+        if gateway_only:
+            raise UsageError(f"{url!r}: give the gateway's ws:// URL")
+        hint = (
+            "; a memory:// store lives inside one process: reach it through its gateway"
+            if scheme == "memory"
+            else ""
+        )
+        raise UsageError(
+            f"{url!r}: give a gateway (ws://HOST:PORT) or a Redis store "
+            f"(redis://HOST:PORT/DB){hint}"
+        )
+    return url
+
+
+def _thread(name: str) -> str:
+    try:
+        return check_thread(name)
+    except AguiHubError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _color(choice: str, stream: IO[str]) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return stream.isatty()
+
+
+class _Output:
+    """stdout, written and flushed per piece; a closed pipe ends the command quietly."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+
+
+def _run(coro_factory: Callable[[], Any], name: str) -> int:
+    try:
+        result: int = asyncio.run(coro_factory())
+        return result
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error of ours.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except UsageError as exc:
+        print(f"agui-hub {name}: {exc}", file=sys.stderr)
+        return 2
+    except (AguiHubError, ValueError, OSError) as exc:
+        print(f"agui-hub {name}: {exc}", file=sys.stderr)
+        return 1
+
+
+# -- publish -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Line:
+    number: int
+    event: Any
+    event_id: str | None
+
+
+def _parse_line(number: int, text: str) -> _Line | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"line {number}: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"line {number}: expected a JSON object (an event)")
+    if "type" not in value and isinstance(value.get("event"), dict):
+        event_id = value.get("eventId")
+        if event_id is not None and (not isinstance(event_id, str) or not event_id):
+            raise ValueError(f"line {number}: eventId must be a non-empty string")
+        return _Line(number, value["event"], event_id)
+    return _Line(number, value, None)
+
+
+def _check_line(line: _Line) -> dict[str, Any]:
+    from .errors import InvalidEvent
+    from .events import validate_wire
+
+    try:
+        return validate_wire(line.event)
+    except InvalidEvent as exc:
+        raise ValueError(f"line {line.number}: {exc}") from None
+
+
+async def _lines_of_stream(stream: IO[str]) -> AsyncIterator[list[tuple[int, str]]]:
+    """Lines of a pipe or terminal, in the batches they arrive in (at most 1000)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+
+    def pump() -> None:
+        # A thread: a blocking read of stdin must not stall the event loop.
+        try:
+            for number, text in enumerate(stream, 1):
+                loop.call_soon_threadsafe(queue.put_nowait, (number, text))
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    done = False
+    while not done:
+        first = await queue.get()
+        if first is None:
+            return
+        batch = [first]
+        while len(batch) < 1000 and not queue.empty():
+            item = queue.get_nowait()
+            if item is None:
+                done = True
+                break
+            batch.append(item)
+        yield batch
+
+
+async def _publish(args: argparse.Namespace) -> int:
+    from .publisher import Publisher
+
+    thread = _thread(args.thread)
+    url = _url(args)
+    out = _Output(sys.stdout)
+    if args.file == "-":
+        stream: IO[str] = sys.stdin
+        whole = not stream.isatty() and stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    else:
+        try:
+            stream = open(args.file, encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+        whole = True
+    async with Publisher(url, sequence=args.sequence) as publisher:
+        try:
+            if whole:
+                # A file: check every line before anything is published.
+                lines = [
+                    line
+                    for number, text in enumerate(stream, 1)
+                    if (line := _parse_line(number, text)) is not None
+                ]
+                events = [_check_line(line) for line in lines]
+                for begin in range(0, len(lines), 1000):
+                    await _publish_lines(publisher, thread, lines[begin : begin + 1000],
+                                         events[begin : begin + 1000], out)  # fmt: skip
+            else:
+                async for batch in _lines_of_stream(stream):
+                    lines = [line for number, text in batch if (line := _parse_line(number, text))]
+                    events = [_check_line(line) for line in lines]
+                    await _publish_lines(publisher, thread, lines, events, out)
+        finally:
+            if stream is not sys.stdin:
+                stream.close()
+    return 0
+
+
+async def _publish_lines(
+    publisher: Any, thread: str, lines: list[_Line], events: list[dict[str, Any]], out: _Output
+) -> None:
+    from .errors import ProtocolError
+
+    if not lines:
+        return
+    ids = [line.event_id or publisher.new_event_id() for line in lines]
+    try:
+        offsets = await publisher.publish_batch(thread, events, ids)
+    except ProtocolError as exc:
+        where = f"lines {lines[0].number}-{lines[-1].number}" if len(lines) > 1 else "line"
+        number = _culprit(lines, events, exc)
+        prefix = f"line {number}" if number is not None else where
+        raise ValueError(f"{prefix}: {exc} (nothing of this batch was stored)") from None
+    out.write("".join(f"{offset}\n" for offset in offsets))
+
+
+def _culprit(lines: list[_Line], events: list[dict[str, Any]], exc: Exception) -> int | None:
+    """The line of the event an error is about, when it can be told."""
+    event = getattr(exc, "event", None)
+    if event is not None:
+        for line, wire in zip(lines, events, strict=True):
+            if wire == event:
+                return line.number
+    return lines[0].number if len(lines) == 1 else None
+
+
+# -- tail and replay ------------------------------------------------------------------------
+
+
+class OffsetFile:
+    """A tail's position and transcript state, rewritten in place after every event.
+
+    One small JSON record, padded with spaces so that a shorter record fully
+    covers a longer one; one ``pwrite`` per update, so a process killed at any
+    moment leaves either the old record or the new one.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+
+    def load(self, thread: str) -> tuple[Position, dict[str, Any]] | None:
+        data = os.pread(self._fd, max(self._size, 1), 0).decode("utf-8", "replace").strip()
+        if not data:
+            return None
+        try:
+            record = json.loads(data)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            position = Position.from_json(record)
+            view = record.get("view", {})
+            if not isinstance(view, dict):
+                raise ValueError("view is not an object")
+        except ValueError as exc:
+            raise UsageError(f"{self.path} is not an agui-hub offset file: {exc}") from None
+        if record.get("thread") != thread:
+            raise UsageError(
+                f"{self.path} holds the position in thread {record.get('thread')!r}, "
+                f"not {thread!r}: use another file"
+            )
+        return position, view
+
+    def save(self, thread: str, position: Position, view: dict[str, Any]) -> None:
+        record = {"thread": thread, **position.to_json(), "view": view}
+        data = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
+        padded = data.ljust(max(self._size - 1, len(data))) + b"\n"
+        os.pwrite(self._fd, padded, 0)
+        self._size = len(padded)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _start(value: str) -> Any:
+    if value in ("start", "live", "snapshot"):
+        return value
+    offset, _, epoch = value.partition("@")
+    try:
+        offset_key(offset)
+    except AguiHubError:
+        raise UsageError(
+            f"--from {value!r}: expected start, live, snapshot, OFFSET or OFFSET@EPOCH"
+        ) from None
+    return Position(offset, epoch or None)
+
+
+async def _connect(url: str, *, wait: bool) -> Any:
+    """A connected HubClient; with *wait*, retry until the gateway answers."""
+    from .client import HubClient
+
+    delay, told = 0.1, False
+    while True:
+        client = HubClient(url)
+        try:
+            await client.connect()
+            return client
+        except HubUnreachable as exc:
+            if not wait:
+                raise
+            if not told:
+                print(f"agui-hub tail: {exc}; retrying", file=sys.stderr)
+                told = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    from .client import Snapshot, Subscribed, ThreadEvent
+    from .transcript import TranscriptView
+
+    thread = _thread(args.thread)
+    url = _url(args, gateway_only=True)
+    start = _start(args.start)
+    view_state: dict[str, Any] | None = None
+    offset_file = OffsetFile(args.offset_file) if args.offset_file else None
+    if offset_file is not None and (saved := offset_file.load(thread)) is not None:
+        start, view_state = saved
+    try:
+        view = TranscriptView(color=_color(args.color, sys.stdout), state=view_state)
+    except ValueError as exc:
+        raise UsageError(f"{args.offset_file}: {exc}") from None
+    out = _Output(sys.stdout)
+    client = await _connect(url, wait=True)
+    newest: tuple[int, int] | None = None
+    saved_at: Position | None = None
+    try:
+        async with client.subscribe(thread, start, run=args.run) as sub:
+            async for item in sub:
+                text = ""
+                finished = False
+                if isinstance(item, Subscribed):
+                    if newest is None:
+                        newest = offset_key(item.offset)
+                    if item.resumed:
+                        print(f"agui-hub tail: reconnected (code {client.close_code})",
+                              file=sys.stderr)  # fmt: skip
+                    if not item.recovered and (item.resumed or isinstance(start, Position)):
+                        text = view.notice(
+                            "events were lost to retention or a reset: a snapshot follows"
+                        )
+                elif isinstance(item, Snapshot):
+                    text = view.reset() + "".join(view.render(event) for event in item.events)
+                elif isinstance(item, ThreadEvent):
+                    text = view.render(item.event)
+                    finished = (
+                        args.until_finished
+                        and item.event.get("type") in ("RUN_FINISHED", "RUN_ERROR")
+                        and newest is not None
+                        and offset_key(item.offset) >= newest
+                    )
+                out.write(text)
+                if offset_file is not None and sub.position is not None:
+                    saved_at = sub.position
+                    offset_file.save(thread, saved_at, view.state())
+                if finished:
+                    break
+    except BaseException:
+        # Interrupted: end the open line, and remember that it ended, so that a
+        # tail started again with the offset file reopens it with "(cont.)".
+        with contextlib.suppress(Exception):
+            ending = view.close()
+            out.write(ending)
+            if ending and offset_file is not None and saved_at is not None:
+                offset_file.save(thread, saved_at, view.state())
+        raise
+    finally:
+        await client.close()
+        if offset_file is not None:
+            offset_file.close()
+    return 0
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    thread = _thread(args.thread)
+    url = _url(args)
+    scheme = urlsplit(url).scheme.lower()
+    out = _Output(sys.stdout)
+    if args.json:
+
+        def emit(offset: str, event: dict[str, Any], snapshot: bool = False) -> None:
+            record: dict[str, Any] = {"offset": offset, "event": event}
+            if snapshot:
+                record["snapshot"] = True
+            out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+    else:
+        from .transcript import TranscriptView
+
+        view = TranscriptView(color=_color(args.color, sys.stdout))
+
+        def emit(offset: str, event: dict[str, Any], snapshot: bool = False) -> None:
+            out.write(view.render(event))
+
+    count = 0
+    if scheme in ("ws", "wss"):
+        count = await _replay_gateway(url, thread, emit)
+    else:
+        count = await _replay_store(url, thread, emit)
+    if not args.json:
+        out.write(view.close())
+    if count == 0:
+        print(f"agui-hub replay: thread {thread!r} has no events", file=sys.stderr)
+    return 0
+
+
+async def _replay_gateway(url: str, thread: str, emit: Callable[..., None]) -> int:
+    from .client import Snapshot, Subscribed, ThreadEvent
+
+    client = await _connect(url, wait=False)
+    count = 0
+    try:
+        async with client.subscribe(thread, "start") as sub:
+            newest: tuple[int, int] | None = None
+            async for item in sub:
+                if isinstance(item, Subscribed) and newest is None:
+                    newest = offset_key(item.offset)
+                    if item.offset == START:
+                        break
+                elif isinstance(item, Snapshot):
+                    print(
+                        f"agui-hub replay: the beginning of thread {thread!r} was trimmed; "
+                        "what was trimmed is summarised by a snapshot (marked snapshot)",
+                        file=sys.stderr,
+                    )
+                    for event in item.events:
+                        emit(item.offset, event, True)
+                    count += len(item.events)
+                    if newest is not None and offset_key(item.offset) >= newest:
+                        break
+                elif isinstance(item, ThreadEvent):
+                    emit(item.offset, item.event)
+                    count += 1
+                    if newest is not None and offset_key(item.offset) >= newest:
+                        break
+    finally:
+        await client.close()
+    return count
+
+
+async def _replay_store(url: str, thread: str, emit: Callable[..., None]) -> int:
+    import msgpack
+
+    from .store import open_store
+
+    store = open_store(url)
+    count = 0
+    try:
+        after = START
+        while True:
+            try:
+                entries = await store.read(thread, after=after, limit=1000)
+            except OffsetExpired as exc:
+                print(
+                    f"agui-hub replay: events of thread {thread!r} up to {exc.first} were "
+                    "trimmed; printing what is stored",
+                    file=sys.stderr,
+                )
+                info = await store.info(thread)
+                if info is None or info.trimmed is None or info.trimmed == after:
+                    raise
+                after = info.trimmed
+                continue
+            for entry in entries:
+                emit(entry.offset, msgpack.unpackb(entry.data, raw=False))
+            count += len(entries)
+            if len(entries) < 1000:
+                return count
+            after = entries[-1].offset
+    finally:
+        await store.close()
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from .demo import demo_run
+    from .publisher import Publisher
+
+    thread = _thread(args.thread)
+    url = _url(args)
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    if args.speed < 0:
+        raise UsageError("--speed must be 0 or more")
+    async with Publisher(url) as publisher:
+        for number in range(args.runs):
+            run_id = args.run_id or f"run-{uuid.uuid4().hex[:8]}"
+            if args.run_id and args.runs > 1:
+                run_id = f"{args.run_id}-{number + 1}"
+            events = demo_run(thread, run_id)
+            print(
+                f"agui-hub demo: streaming run {run_id} ({len(events)} events) into thread "
+                f"{thread!r} at {url}; watch it with: agui-hub tail {thread}",
+                file=sys.stderr,
+            )
+            offset = ""
+            for index, (delay, event) in enumerate(events):
+                if delay and args.speed:
+                    await asyncio.sleep(delay / args.speed)
+                # Ids from the run id: a retry never stores an event twice.
+                offset = await publisher.publish(thread, event, event_id=f"{run_id}-{index}")
+            print(f"agui-hub demo: run {run_id} finished at offset {offset}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    parser.print_help()
-    return 0
+    commands: dict[str, Callable[[argparse.Namespace], Any]] = {
+        "publish": _publish,
+        "tail": _tail,
+        "replay": _replay,
+        "demo": _demo,
+    }
+    command = commands.get(args.command)
+    if command is None:
+        parser.print_help()
+        return 0
+    return _run(lambda: command(args), args.command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,15 +21,28 @@ the gateway puts into its error frames, and a message a person can act on.
         ├── OffsetExpired             events after the offset were trimmed; resync
         │   └── ThreadReset           the thread's stream was lost or re-created; resync
         └── SubscriptionLagged        a live feed was not read fast enough; resubscribe
+    └── ClientError                   a client of the gateway (agui_hub.client) stopped
+        ├── HubUnreachable            no connection to the gateway, and retrying gave up
+        ├── ConnectionRejected        the gateway closed the connection for good (4401, 4403)
+        └── CommandRejected           the gateway answered a command with an error frame
 
 Catch :class:`ProtocolError` at a boundary that receives input (a socket, a
 publish call): report it to the sender and carry on. Catch
 :class:`OffsetExpired` where a reader resumes: it means "start again from a
 snapshot", never a silent partial read.
+
+A client receives the gateway's errors as the same classes:
+:func:`from_error_frame` turns an error frame of a publish into
+:class:`InvalidEvent`, :class:`SequenceError`, :class:`PayloadTooLarge` or
+:class:`StoreUnavailable` (with the gateway's message), so code that publishes
+catches the same exceptions whether it writes into a store or through a
+gateway. Error codes without a class of their own (``forbidden``,
+``bad_command``, ...) become :class:`CommandRejected`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -221,3 +234,82 @@ class SubscriptionLagged(StoreError):
         super().__init__(
             f"subscription to thread {thread!r} fell behind; resubscribe after offset {last}"
         )
+
+
+class ClientError(AguiHubError):
+    """A client of the gateway could not do what was asked."""
+
+    code = "client_error"
+
+
+class HubUnreachable(ClientError):
+    """The gateway cannot be reached (refused, unresolvable, handshake failed).
+
+    Check the URL and that ``agui-hub serve`` runs there. Raised by the first
+    connection attempt, and later when reconnecting gave up after the
+    client's ``give_up_after`` seconds.
+    """
+
+    code = "hub_unreachable"
+
+
+class ConnectionRejected(ClientError):
+    """The gateway closed the connection with a code that forbids resuming.
+
+    :attr:`close_code` is 4401 (unauthorised: fix the credentials), 4403
+    (forbidden) or 1000 (the gateway ended the session). Reconnecting with
+    the same request would be refused again.
+    """
+
+    code = "connection_rejected"
+
+    def __init__(self, close_code: int, reason: str) -> None:
+        self.close_code = close_code
+        self.reason = reason
+        super().__init__(f"the gateway closed the connection: {close_code} {reason}".rstrip())
+
+
+class CommandRejected(ClientError):
+    """The gateway answered a command with an error frame.
+
+    :attr:`code` is the frame's error code (see docs/protocol.md, e.g.
+    ``forbidden``, ``too_many_subscriptions``, ``invalid_offset``) and the
+    message is the gateway's. The connection stays open.
+    """
+
+    def __init__(self, code: str, message: str, thread: str | None = None) -> None:
+        self.code = code
+        self.thread = thread
+        super().__init__(message)
+
+
+_RULE = re.compile(r"^\[([a-z_]+)\]")
+
+
+def from_error_frame(code: str, message: str, thread: str | None = None) -> AguiHubError:
+    """The exception that a gateway error frame stands for, with the gateway's message.
+
+    ``invalid_event``, ``sequence_error``, ``chunk_error``,
+    ``payload_too_large`` and ``store_unavailable`` give the classes a local
+    publish raises; any other code gives :class:`CommandRejected`.
+    """
+    exc: AguiHubError
+    if code in ("sequence_error", "chunk_error"):
+        match = _RULE.match(message)
+        cls = ChunkError if code == "chunk_error" else SequenceError
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        exc.rule = match.group(1) if match else code
+        exc.event = None
+        exc.thread = thread
+    elif code == "invalid_event":
+        exc = InvalidEvent(message)
+    elif code == "payload_too_large":
+        exc = PayloadTooLarge.__new__(PayloadTooLarge)
+        Exception.__init__(exc, message)
+        exc.size, exc.limit = 0, 0
+    elif code == "store_unavailable":
+        exc = StoreUnavailable(message)
+    else:
+        exc = CommandRejected(code, message, thread)
+    return exc

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import enum
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,15 +35,13 @@ from .errors import (
     AguiHubError,
     OffsetExpired,
     ProtocolError,
-    SequenceError,
     StoreUnavailable,
     SubscriptionLagged,
 )
-from .events import validate_wire
 from .offsets import START, Offset, offset_key
 from .protocol import (
-    After,
     CloseCode,
+    Position,
     Start,
     StartKind,
     encode_frame,
@@ -54,8 +50,8 @@ from .protocol import (
     subscribed_frame,
 )
 from .reducer import ThreadState
-from .sequence import SequenceVerifier
-from .store import Checkpoint, Entry, EventInput, FeedSubscription, ThreadStore
+from .store import Checkpoint, Entry, FeedSubscription, ThreadStore
+from .writer import ThreadWriter
 
 __all__ = ["Hub", "Subscriber", "ThreadChannel"]
 
@@ -316,9 +312,10 @@ class ThreadChannel:
         """Subscribe *sub*: reply, then history or snapshot, then live events."""
         await self.ready()
         cursor, key = self.cursor, offset_key(self.cursor)
-        if isinstance(start, After):
-            if start.epoch != self.epoch:
-                # Another epoch: the client's offsets mean nothing here.
+        if isinstance(start, Position):
+            if start.epoch is not None and start.epoch != self.epoch:
+                # Another epoch: the client's offsets mean nothing here. (No epoch
+                # at all: an offset someone typed, taken in the current epoch.)
                 self._join_with_snapshot(sub, command_id, run, recovered=False)
                 return
             if offset_key(start.offset) >= key:
@@ -426,8 +423,7 @@ class Hub:
     def __init__(self, store: ThreadStore) -> None:
         self.store = store
         self.channels: dict[str, ThreadChannel] = {}
-        self._verifiers: dict[str, tuple[SequenceVerifier, Offset, str | None]] = {}
-        self._publish_locks: dict[str, asyncio.Lock] = {}
+        self.writer = ThreadWriter(store)
 
     async def subscribe(
         self, sub: Subscriber, thread: str, command_id: Any, start: Start, run: str | None
@@ -458,125 +454,10 @@ class Hub:
     async def publish(
         self, thread: str, events: Sequence[Any], event_ids: Sequence[str] | None = None
     ) -> list[Offset]:
-        """Validate, check the sequence, store. All or nothing.
-
-        Raises :class:`~agui_hub.errors.InvalidEvent`,
-        :class:`~agui_hub.errors.SequenceError` (nothing stored) or a
-        :class:`~agui_hub.errors.StoreError`.
-        """
-        wires = [validate_wire(event) for event in events]
-        ids = list(event_ids) if event_ids else [uuid.uuid4().hex for _ in wires]
-        lock = self._publish_locks.setdefault(thread, asyncio.Lock())
-        async with lock:
-            # A retry of events already stored is answered with their offsets; only
-            # the new ones are checked against the sequence rules.
-            known = await self.store.stored_ids(thread, ids) if event_ids else {}
-            new = [w for w, i in zip(wires, ids, strict=True) if i not in known]
-            if not new:
-                return [known[i] for i in ids]
-            verifier = await self._verifier(thread)
-            trial = copy.deepcopy(verifier) if len(new) > 1 else verifier
-            if len(new) == 1:
-                trial.check(new[0])
-            else:
-                for wire in new:
-                    trial.verify(wire)
-            offsets = await self.store.append(
-                thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
-            )
-            if len(new) == 1:
-                verifier.verify(new[0])
-            else:
-                verifier = trial
-            epoch = self._verifiers[thread][2]
-            if epoch is None:  # this append created the thread
-                epoch = await self.store.epoch(thread)
-            newest = max(offsets, key=offset_key)
-            self._verifiers[thread] = (verifier, newest, epoch)
-            return offsets
-
-    async def _verifier(self, thread: str) -> SequenceVerifier:
-        """The thread's verifier, caught up with what others stored meanwhile."""
-        known = self._verifiers.get(thread)
-        epoch = await self.store.epoch(thread)
-        if known is None or known[2] != epoch:
-            verifier, after = SequenceVerifier(thread=thread), START
-        else:
-            verifier, after = known[0], known[1]
-        try:
-            entries = await self.store.read(thread, after=after)
-        except OffsetExpired:
-            # History trimmed: judge what follows from what is still stored.
-            verifier, entries = SequenceVerifier(thread=thread), []
-            info = await self.store.info(thread)
-            if info is not None and info.trimmed is not None:
-                entries = await self.store.read(thread, after=info.trimmed)
-            verifier = _lenient(verifier, entries)
-            after = entries[-1].offset if entries else (info.trimmed if info else None) or after
-            self._verifiers[thread] = (verifier, after, epoch)
-            return verifier
-        for entry in entries:
-            with contextlib.suppress(ProtocolError, ValueError, msgpack.UnpackException):
-                verifier.verify(msgpack.unpackb(entry.data, raw=False))
-        if entries:
-            after = entries[-1].offset
-        self._verifiers[thread] = (verifier, after, epoch)
-        return verifier
+        """Validate, check the sequence, store: see :meth:`ThreadWriter.publish`."""
+        return await self.writer.publish(thread, events, event_ids)
 
     async def close(self) -> None:
         for channel in list(self.channels.values()):
             await channel.close()
         self.channels.clear()
-
-
-def _opener(rule: str, event: dict[str, Any]) -> dict[str, Any] | None:
-    """The event that would have opened what *event* continues (for trimmed streams)."""
-    sub = {"subagentRunId": event["subagentRunId"]} if "subagentRunId" in event else {}
-    if rule in ("run_not_started", "run_already_finished", "run_already_errored"):
-        return {"type": "RUN_STARTED", "threadId": "", "runId": ""}
-    if rule == "message_not_open":
-        return {"type": "TEXT_MESSAGE_START", "messageId": event.get("messageId", ""), **sub}
-    if rule == "tool_call_not_open":
-        return {
-            "type": "TOOL_CALL_START",
-            "toolCallId": event.get("toolCallId", ""),
-            "toolCallName": "",
-            **sub,
-        }
-    if rule == "reasoning_not_open":
-        return {"type": "REASONING_MESSAGE_START", "messageId": event.get("messageId", ""), **sub}
-    if rule == "reasoning_span_not_open":
-        return {"type": "REASONING_START", "messageId": event.get("messageId", ""), **sub}
-    if rule == "step_not_active":
-        return {"type": "STEP_STARTED", "stepName": event.get("stepName", ""), **sub}
-    if rule == "subagent_not_active":
-        return {"type": "SUBAGENT_STARTED", "subagentRunId": event.get("subagentRunId", ""),
-                "name": ""}  # fmt: skip
-    return None
-
-
-def _lenient(verifier: SequenceVerifier, entries: Sequence[Entry]) -> SequenceVerifier:
-    """Replay a stream whose beginning was trimmed: assume what it no longer shows.
-
-    An event that continues something opened before the trimmed part (a run,
-    a message, a tool call, a step, a subagent) is preceded by a stand-in for
-    its opener, so that what follows is judged by the usual rules.
-    """
-    for entry in entries:
-        try:
-            event = msgpack.unpackb(entry.data, raw=False)
-        except (ValueError, msgpack.UnpackException):
-            continue
-        for _ in range(3):  # a content event may need a run and a message
-            try:
-                verifier.verify(event)
-                break
-            except SequenceError as exc:
-                opener = _opener(exc.rule, event)
-                if opener is None:
-                    break
-                with contextlib.suppress(ProtocolError):
-                    verifier.verify(opener)
-            except ProtocolError:
-                break
-    return verifier

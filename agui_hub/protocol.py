@@ -26,11 +26,11 @@ from .offsets import Offset, check_thread, offset_key
 
 __all__ = [
     "SUBPROTOCOLS",
-    "After",
     "CloseCode",
     "Command",
     "CommandError",
     "Ping",
+    "Position",
     "Publish",
     "Start",
     "Subscribe",
@@ -105,14 +105,37 @@ class StartKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class After:
-    """Resume position: the last offset the client has, in the epoch it saw."""
+class Position:
+    """A place in a thread: the last offset a client has, in the epoch it saw.
+
+    Subscribing from a position delivers exactly the events after
+    :attr:`offset` when :attr:`epoch` is still the thread's epoch (otherwise a
+    snapshot). Store it with :meth:`to_json` to resume in another process.
+    """
 
     offset: Offset
     epoch: str | None
 
+    def to_json(self) -> dict[str, Any]:
+        """The ``from`` value of a subscribe command: ``{"offset": …, "epoch": …}``."""
+        return {"offset": self.offset, "epoch": self.epoch}
 
-Start = StartKind | After
+    @classmethod
+    def from_json(cls, value: Any) -> Position:
+        """Parse what :meth:`to_json` wrote. Raises :class:`ValueError` when it is not that."""
+        if not isinstance(value, dict) or not isinstance(value.get("offset"), str):
+            raise ValueError('a position is {"offset": "<ms>-<seq>", "epoch": ...}')
+        epoch = value.get("epoch")
+        if epoch is not None and not isinstance(epoch, str):
+            raise ValueError("a position's epoch is a string or null")
+        try:
+            offset_key(value["offset"])
+        except AguiHubError as exc:
+            raise ValueError(str(exc)) from None
+        return cls(value["offset"], epoch)
+
+
+Start = StartKind | Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +202,7 @@ def _start(value: Any, command_id: Any) -> Start:
             raise CommandError("invalid_offset", str(exc), command_id) from None
         if epoch is not None and not isinstance(epoch, str):
             raise CommandError("bad_command", "from.epoch must be a string", command_id)
-        return After(offset, epoch)
+        return Position(offset, epoch)
     raise CommandError(
         "bad_command",
         'from must be "live", "start", "snapshot" or {"offset": ..., "epoch": ...}',

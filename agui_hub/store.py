@@ -519,7 +519,9 @@ def open_store(url: str | None = None, *, retention: Retention | None = None) ->
 
     Options in the URL's query: ``prefix`` (Redis key prefix, default
     ``agui``), ``max_len``, ``max_age`` (seconds), ``ttl`` (seconds). An
-    explicit *retention* overrides the URL's.
+    explicit *retention* overrides the URL's. Raises :class:`ValueError` for a
+    URL it cannot use: an unknown scheme or option, or ``redis://`` without
+    the ``redis`` extra installed.
     """
     parsed = parse_store_url(url or "memory://")
     chosen = retention or parsed.retention
@@ -527,7 +529,15 @@ def open_store(url: str | None = None, *, retention: Retention | None = None) ->
         from .memory_store import MemoryStore
 
         return MemoryStore(retention=chosen)
-    from .redis_store import RedisStore
+    try:
+        from .redis_store import RedisStore
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith(("redis", "hiredis")):
+            raise
+        raise ValueError(
+            f"the Redis store needs the redis package ({exc.name} is missing): "
+            "pip install 'agui-hub[redis]'"
+        ) from None
 
     assert parsed.redis_url is not None
     return RedisStore(parsed.redis_url, prefix=parsed.prefix, retention=chosen)

@@ -16,10 +16,10 @@ from agui_hub.protocol import (
     SUBPROTOCOL_JSON,
     SUBPROTOCOL_MSGPACK,
     SUBPROTOCOLS,
-    After,
     CloseCode,
     CommandError,
     Ping,
+    Position,
     Publish,
     StartKind,
     Subscribe,
@@ -126,11 +126,11 @@ def test_every_close_code_is_in_the_table() -> None:
         ("live", StartKind.LIVE),
         ("start", StartKind.START),
         ("snapshot", StartKind.SNAPSHOT),
-        ({"offset": OFFSET, "epoch": EPOCH}, After(OFFSET, EPOCH)),
-        ({"offset": "0-0", "epoch": EPOCH}, After("0-0", EPOCH)),
-        ({"offset": OFFSET}, After(OFFSET, None)),
-        ({"offset": OFFSET, "epoch": None}, After(OFFSET, None)),
-        ({"offset": "18446744073709551615-18446744073709551615"}, After(
+        ({"offset": OFFSET, "epoch": EPOCH}, Position(OFFSET, EPOCH)),
+        ({"offset": "0-0", "epoch": EPOCH}, Position("0-0", EPOCH)),
+        ({"offset": OFFSET}, Position(OFFSET, None)),
+        ({"offset": OFFSET, "epoch": None}, Position(OFFSET, None)),
+        ({"offset": "18446744073709551615-18446744073709551615"}, Position(
             "18446744073709551615-18446744073709551615", None
         )),
     ],
@@ -594,7 +594,7 @@ def test_encode_frame_round_trips_through_parse_for_commands() -> None:
     frame = {"type": "subscribe", "id": 1, "thread": "t", "from": {"offset": OFFSET}}
     for encoding in ENCODINGS:
         assert parse_command(encode_frame(frame, encoding), encoding) == Subscribe(
-            1, "t", After(OFFSET, None), None
+            1, "t", Position(OFFSET, None), None
         )
 
 

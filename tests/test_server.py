@@ -584,7 +584,6 @@ async def test_wrong_epoch_gets_a_snapshot(harness: Harness) -> None:
     viewers = []
     for start in (
         {"offset": offsets[5], "epoch": other},
-        {"offset": offsets[5]},  # no epoch: not this thread's epoch either
         {"offset": "0-0", "epoch": other},
     ):
         viewer = await harness.client(gateway, MSGPACK)
@@ -601,6 +600,21 @@ async def test_wrong_epoch_gets_a_snapshot(harness: Harness) -> None:
         frames = await viewer.until_offset(thread, tail_offsets[-1])
         assert events_of(frames) == list(zip(tail_offsets, tail, strict=True))
         assert folded(tail, fold(snap["events"])) == folded(events)
+
+
+async def test_an_offset_without_epoch_is_taken_in_the_current_epoch(harness: Harness) -> None:
+    gateway = await harness.gateway()
+    thread = "typed-offset"
+    publisher = await harness.client(gateway)
+    events = realistic_run(thread, "r1", turns=2)
+    offsets = await publisher.publish_all(thread, events)
+    epoch = (await publisher.subscribe(thread))["epoch"]
+    for start in ({"offset": offsets[5]}, {"offset": offsets[5], "epoch": None}):
+        viewer = await harness.client(gateway, MSGPACK)
+        reply = await viewer.subscribe(thread, start)
+        assert (reply["epoch"], reply["offset"], reply["recovered"]) == (epoch, offsets[-1], True)
+        frames = await viewer.until_offset(thread, offsets[-1])
+        assert events_of(frames) == list(zip(offsets[6:], events[6:], strict=True))
 
 
 async def test_snapshot_is_incomplete_when_trimmed_before_folding(harness: Harness) -> None:

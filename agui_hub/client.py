@@ -1,0 +1,867 @@
+"""An asyncio client for the agui-hub gateway: follow threads, publish, resume.
+
+.. code-block:: python
+
+    from agui_hub.client import HubClient, ThreadEvent
+
+    async with HubClient("ws://127.0.0.1:8765") as hub:
+        async for item in hub.subscribe("t1", start="start"):
+            if isinstance(item, ThreadEvent):
+                print(item.offset, item.event)
+
+One :class:`HubClient` holds one WebSocket connection (msgpack or JSON) and
+multiplexes any number of :class:`Subscription` objects over it, one per
+thread. When the connection drops (network, a gateway restart, a "slow
+consumer" close) the client reconnects by itself with exponential backoff and
+full jitter, and resubscribes every thread from the last offset and epoch it
+received, so a consumer sees every event exactly once and in order. Each
+(re)subscription yields a :class:`Subscribed` item whose ``recovered`` says
+whether the resume was complete; when it was not (history trimmed, thread
+re-created) a :class:`Snapshot` follows: reset what you built and start again
+from its events.
+
+A subscription can expand ``*_CHUNK`` events into START / CONTENT / END
+(``expand_chunks=True``) and keep a live :class:`~agui_hub.reducer.ThreadState`
+of everything it yielded (``state=True``), for a UI that reads messages and
+state at any moment.
+
+The client needs ``websockets``, ``msgpack`` and ``pydantic`` only; it never
+imports redis.
+
+Errors: :class:`~agui_hub.errors.HubUnreachable` (cannot connect, or
+reconnecting gave up), :class:`~agui_hub.errors.ConnectionRejected` (the
+gateway closed for good: 4401, 4403), :class:`~agui_hub.errors.CommandRejected`
+(an error frame), and for :meth:`HubClient.publish` the same
+:class:`~agui_hub.errors.InvalidEvent` / :class:`~agui_hub.errors.SequenceError`
+a local publish raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import random
+import secrets
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from .chunks import ChunkExpander
+from .codec import Encoding, decode, encode
+from .errors import (
+    AguiHubError,
+    ClientError,
+    CommandRejected,
+    ConnectionRejected,
+    DecodeError,
+    HubUnreachable,
+    PayloadTooLarge,
+    ProtocolError,
+    StoreUnavailable,
+    from_error_frame,
+)
+from .events import validate_wire
+from .offsets import START, Offset, check_thread, offset_key
+from .protocol import (
+    MAX_EVENTS_PER_PUBLISH,
+    SUBPROTOCOL_JSON,
+    SUBPROTOCOL_MSGPACK,
+    CloseCode,
+    Position,
+)
+from .reducer import ThreadState
+
+__all__ = [
+    "ClientState",
+    "HubClient",
+    "Item",
+    "Position",
+    "Snapshot",
+    "StartFrom",
+    "Subscribed",
+    "Subscription",
+    "ThreadEvent",
+]
+
+log = logging.getLogger(__name__)
+
+StartFrom = Literal["live", "start", "snapshot"] | Position
+"""Where a subscription starts: ``"live"``, ``"start"``, ``"snapshot"`` or after a
+:class:`Position` (see docs/protocol.md, subscribe)."""
+
+DEFAULT_MAX_QUEUE = 10_000
+NO_RESUME = {CloseCode.NORMAL, CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN}
+
+
+# -- what a subscription yields ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    """The gateway (re)subscribed the thread.
+
+    ``recovered`` is ``False`` when events after the client's position could
+    not all be delivered (trimmed, or the thread was re-created): a
+    :class:`Snapshot` follows. ``resumed`` is ``True`` for the
+    resubscriptions after a reconnect; ``offset`` is the thread's newest offset
+    at that moment and ``epoch`` its epoch (``None`` while it has no events).
+    """
+
+    thread: str
+    epoch: str | None
+    offset: Offset
+    recovered: bool
+    resumed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A compact AG-UI sequence whose folding gives the thread at ``offset``.
+
+    Throw away what you built from earlier events and apply ``events``; the
+    events that follow continue from ``offset``. ``complete`` is ``False``
+    when part of the history was trimmed before the gateway folded it.
+    """
+
+    thread: str
+    offset: Offset
+    epoch: str | None
+    complete: bool
+    events: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadEvent:
+    """One stored event of the thread (as published) and its offset.
+
+    With ``expand_chunks`` a chunk event becomes several ThreadEvents with the
+    same offset.
+    """
+
+    thread: str
+    offset: Offset
+    event: dict[str, Any]
+
+
+Item = Subscribed | Snapshot | ThreadEvent
+
+
+class ClientState(enum.Enum):
+    """Where a :class:`HubClient` is in its life."""
+
+    NEW = "new"
+    OPEN = "open"
+    RECONNECTING = "reconnecting"
+    CLOSED = "closed"
+
+
+class _ConnectionLost(Exception):
+    """A command's connection closed before its reply; send it again after reconnecting."""
+
+
+# -- subscriptions ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Queued:
+    item: Item
+    position: Position | None  # the position once item is consumed (None: unchanged)
+
+
+class Subscription:
+    """The items of one thread, in order: an async iterator and an async context manager.
+
+    Use it as ``async with hub.subscribe(...) as sub: async for item in sub``,
+    so that leaving the block unsubscribes; a plain ``async for`` works too and
+    stays subscribed until :meth:`close` or the client closes.
+
+    :attr:`position` is where a new subscription would resume to get exactly
+    what this one has not yielded yet: store it (``position.to_json()``) to
+    continue in another process.
+    """
+
+    def __init__(
+        self,
+        client: HubClient,
+        thread: str,
+        start: StartFrom,
+        *,
+        run: str | None,
+        expand_chunks: bool,
+        state: bool,
+        max_queue: int,
+    ) -> None:
+        self.client = client
+        self.thread = thread
+        self.start = start
+        self.run = run
+        self.max_queue = max_queue
+        self.position: Position | None = start if isinstance(start, Position) else None
+        """Resume here to get exactly what was not yielded yet (``None``: not known yet)."""
+        self.recovered: bool | None = None
+        """The last (re)subscription's ``recovered`` flag, once yielded."""
+        self.state: ThreadState | None = ThreadState() if state else None
+        """With ``state=True``: the thread folded from every item yielded so far."""
+        self._expander = ChunkExpander(thread) if expand_chunks else None
+        self._queue: deque[_Queued] = deque()
+        self._pieces: deque[tuple[ThreadEvent, Position | None]] = deque()
+        self._wake = asyncio.Event()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._opened = False
+        # Receiving side: the position after the last queued item, the id of the
+        # subscribe command whose reply is awaited (frames before it are stale),
+        # and whether frames were dropped because the queue was full.
+        self._received: Position | None = self.position
+        self._awaiting: int | None = None
+        self._subscribed_once = False
+        self._lagged = False
+
+    # -- consumer side -------------------------------------------------------------------
+
+    async def open(self) -> Subscription:
+        """Send the subscribe command (done by ``async with`` / the first ``async for``)."""
+        if not self._opened:
+            self._opened = True
+            await self.client._add(self)
+        return self
+
+    async def close(self) -> None:
+        """Unsubscribe; iteration ends after what is already queued is discarded."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.clear()
+        self._pieces.clear()
+        self._wake.set()
+        await self.client._remove(self)
+
+    async def __aenter__(self) -> Subscription:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Item:
+        if not self._opened:
+            await self.open()
+        while True:
+            if self._pieces:
+                piece, position = self._pieces.popleft()
+                if not self._pieces:
+                    self._advance(position)
+                return piece
+            if self._queue:
+                queued = self._queue.popleft()
+                if self._lagged and len(self._queue) <= self.max_queue // 2:
+                    self.client._resubscribe(self)
+                item = self._consume(queued)
+                if item is not None:
+                    return item
+                continue
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise StopAsyncIteration
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _consume(self, queued: _Queued) -> Item | None:
+        item = queued.item
+        if isinstance(item, Subscribed):
+            self.recovered = item.recovered
+        elif isinstance(item, Snapshot):
+            if self.state is not None:
+                self.state = ThreadState()
+                self._fold(item.events)
+            if self._expander is not None:
+                self._expander = ChunkExpander(self.thread)
+        elif isinstance(item, ThreadEvent):
+            if self.state is not None:
+                self._fold((item.event,))
+            if self._expander is not None:
+                try:
+                    events = self._expander.expand(item.event)
+                except ProtocolError as exc:
+                    # Relayed as stored: a chunk the expander cannot place passes unchanged.
+                    log.debug("thread %s: chunk at %s not expanded: %s", self.thread, item.offset,
+                              exc)  # fmt: skip
+                    events = [item.event]
+                if not events:
+                    self._advance(queued.position)
+                    return None
+                if len(events) > 1 or events[0] is not item.event:
+                    for event in events[1:]:
+                        self._pieces.append((ThreadEvent(item.thread, item.offset, event),
+                                             queued.position))  # fmt: skip
+                    item = ThreadEvent(item.thread, item.offset, events[0])
+                    if self._pieces:
+                        return item  # the position moves with the last piece
+        self._advance(queued.position)
+        return item
+
+    def _advance(self, position: Position | None) -> None:
+        if position is not None:
+            self.position = position
+
+    def _fold(self, events: Iterable[dict[str, Any]]) -> None:
+        assert self.state is not None
+        for event in events:
+            try:
+                self.state.apply(event)
+            except (ProtocolError, ValueError, TypeError) as exc:
+                # The gateway relays what was stored; a patch that does not apply
+                # leaves the state as it was, as the gateway's own fold does.
+                log.debug("thread %s: not folded: %s", self.thread, exc)
+
+    # -- receiving side (called by the client's reader) ----------------------------------
+
+    def _push(self, item: Item, position: Position | None) -> None:
+        if position is not None:
+            self._received = position
+        self._queue.append(_Queued(item, position))
+        self._wake.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake.set()
+
+    def _subscribe_command(self, command_id: int) -> dict[str, Any]:
+        self._awaiting = command_id
+        self._lagged = False
+        received = self._received
+        start: Any
+        if received is None:
+            start = self.start.to_json() if isinstance(self.start, Position) else self.start
+        elif received.epoch is None and received.offset == START:
+            start = "start"  # the thread had no events: all of them are new to us
+        else:
+            start = received.to_json()
+        command: dict[str, Any] = {
+            "type": "subscribe",
+            "id": command_id,
+            "thread": self.thread,
+            "from": start,
+        }
+        if self.run is not None:
+            command["run"] = self.run
+        return command
+
+    def _on_subscribed(self, frame: Mapping[str, Any]) -> None:
+        command_id = frame.get("id")
+        epoch, offset = frame.get("epoch"), frame.get("offset", START)
+        recovered = bool(frame.get("recovered"))
+        received = self._received
+        if command_id is not None:
+            if command_id != self._awaiting:
+                return  # the reply to a subscribe this one replaced
+            self._awaiting = None
+            resumed, self._subscribed_once = self._subscribed_once, True
+            if not recovered:
+                position = None  # a snapshot follows and sets it
+            elif received is not None:
+                position = Position(received.offset, epoch)
+            elif self.start == "live":
+                position = Position(offset, epoch)
+            elif self.start == "start":
+                position = Position(START, epoch)
+            else:
+                position = None
+        elif self._awaiting is not None:
+            return  # about a subscription this one replaced
+        else:
+            # An announcement: the thread's first event created its epoch, or the
+            # thread was re-created (recovered false, a snapshot follows).
+            resumed = False
+            position = Position(received.offset if received else offset, epoch)
+            if not recovered:
+                position = None
+        self._push(Subscribed(self.thread, epoch, offset, recovered, resumed), position)
+
+    def _on_snapshot(self, frame: Mapping[str, Any]) -> None:
+        if self._awaiting is not None or self._lagged:
+            return
+        offset, epoch = frame.get("offset", START), frame.get("epoch")
+        events = frame.get("events")
+        snapshot = Snapshot(
+            self.thread,
+            offset,
+            epoch,
+            bool(frame.get("complete", True)),
+            list(events) if isinstance(events, list) else [],
+        )
+        self._push(snapshot, Position(offset, epoch))
+
+    def _on_event(self, frame: Mapping[str, Any]) -> None:
+        if self._awaiting is not None or self._lagged:
+            return
+        offset, event = frame.get("offset"), frame.get("event")
+        if not isinstance(offset, str) or not isinstance(event, dict):
+            log.warning("thread %s: malformed event frame ignored", self.thread)
+            return
+        received = self._received
+        try:
+            key = offset_key(offset)
+            if received is not None and key <= offset_key(received.offset):
+                return  # already delivered (a resume overlapping what we have)
+        except AguiHubError:
+            log.warning("thread %s: event frame with a bad offset ignored", self.thread)
+            return
+        if len(self._queue) >= self.max_queue:
+            # Not read fast enough: drop frames from here on and resubscribe from
+            # the last queued one once the consumer has caught up.
+            self._lagged = True
+            return
+        epoch = received.epoch if received is not None else None
+        self._push(ThreadEvent(self.thread, offset, event), Position(offset, epoch))
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Backoff:
+    minimum: float
+    maximum: float
+    attempt: int = field(default=0)
+
+    def next_delay(self) -> float:
+        """Full jitter: uniform in [0, min(maximum, minimum * 2**attempt)]."""
+        cap = min(self.maximum, self.minimum * 2 ** min(self.attempt, 30))
+        self.attempt += 1
+        return random.uniform(0, cap)
+
+
+class HubClient:
+    """One connection to a gateway, shared by subscriptions and publishes.
+
+    *url* is the gateway's ``ws://`` or ``wss://`` URL. *encoding* picks the
+    subprotocol (``"msgpack"``, the default, or ``"json"``). After a lost
+    connection the client retries with backoff between *backoff_min* and
+    *backoff_max* seconds (full jitter) and gives up after *give_up_after*
+    seconds without a connection (``None``: never). *headers* go into the
+    opening handshake (e.g. an ``Authorization`` header).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        encoding: Encoding | str = Encoding.MSGPACK,
+        headers: Mapping[str, str] | None = None,
+        open_timeout: float = 10.0,
+        backoff_min: float = 0.05,
+        backoff_max: float = 5.0,
+        give_up_after: float | None = None,
+        max_frame_bytes: int = 1024 * 1024,
+        max_receive_bytes: int | None = 256 * 1024 * 1024,
+    ) -> None:
+        self.url = url
+        self.encoding = Encoding(encoding)
+        self.headers = dict(headers or {})
+        self.open_timeout = open_timeout
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
+        self.give_up_after = give_up_after
+        self.max_frame_bytes = max_frame_bytes
+        """Largest frame this client sends (the gateway's limit, 1 MiB by default)."""
+        self.max_receive_bytes = max_receive_bytes
+        self.state = ClientState.NEW
+        self.reconnects = 0
+        """How many times the connection was re-established."""
+        self.close_code: int | None = None
+        """The close code of the last lost connection (``None`` before any)."""
+        self._ws: ClientConnection | None = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._subs: dict[str, Subscription] = {}
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._id_prefix = secrets.token_hex(8)
+        self._failure: AguiHubError | None = None
+        self._chores: set[asyncio.Task[Any]] = set()
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> HubClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Open the connection. Raises :class:`~agui_hub.errors.HubUnreachable` at once
+        when the gateway cannot be reached (check the URL and that it runs), or
+        :class:`~agui_hub.errors.ConnectionRejected` when it refuses the client."""
+        if self.state is not ClientState.NEW:
+            raise ClientError(f"this client is already {self.state.value}")
+        self._ws = await self._open()
+        self.state = ClientState.OPEN
+        self._connected.set()
+        self._task = asyncio.create_task(self._manage(self._ws))
+
+    async def close(self) -> None:
+        """Close the connection and end every subscription (their iteration stops)."""
+        if self.state is ClientState.CLOSED:
+            return
+        self.state = ClientState.CLOSED
+        self._connected.clear()
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        for task in list(self._chores):
+            task.cancel()
+        for sub in list(self._subs.values()):
+            sub._closed = True
+            sub._wake.set()
+        self._subs.clear()
+        self._fail_pending(ClientError("the client was closed"))
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        thread: str,
+        start: StartFrom = "live",
+        *,
+        run: str | None = None,
+        expand_chunks: bool = False,
+        state: bool = False,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> Subscription:
+        """Follow *thread* from *start*; iterate the result for its items.
+
+        *run* keeps only that run's events. *expand_chunks* turns chunk events
+        into START / CONTENT / END; *state* keeps :attr:`Subscription.state`
+        folded. At most *max_queue* items wait for the consumer; past that the
+        subscription stops taking frames and resubscribes from where it
+        stopped once the consumer caught up (nothing is lost). One
+        subscription per thread and client.
+        """
+        check_thread(thread)
+        if start not in ("live", "start", "snapshot") and not isinstance(start, Position):
+            raise ValueError('start is "live", "start", "snapshot" or a Position')
+        if thread in self._subs:
+            raise ValueError(f"already subscribed to thread {thread!r} on this client")
+        if max_queue < 2:
+            raise ValueError("max_queue must be at least 2")
+        return Subscription(
+            self, thread, start, run=run, expand_chunks=expand_chunks, state=state,
+            max_queue=max_queue,
+        )  # fmt: skip
+
+    async def publish(
+        self,
+        thread: str,
+        events: Iterable[Any],
+        event_ids: Iterable[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[Offset]:
+        """Publish events through the gateway; returns one offset per event.
+
+        Events are wire dicts or event models (ours or ``ag_ui.core``'s),
+        checked locally first (:class:`~agui_hub.errors.InvalidEvent`). At most
+        1000 per call, stored all or nothing. Without *event_ids* the client
+        makes some up, so that when the connection drops before the reply the
+        retry (after reconnecting, with the same ids) never stores twice. The
+        gateway's verdicts raise as locally: :class:`~agui_hub.errors.SequenceError`,
+        :class:`~agui_hub.errors.InvalidEvent`. Gives up after *timeout* seconds
+        (default: the client's *give_up_after*) with
+        :class:`~agui_hub.errors.HubUnreachable`.
+        """
+        check_thread(thread)
+        wires = [validate_wire(event) for event in events]
+        if not wires:
+            return []
+        if len(wires) > MAX_EVENTS_PER_PUBLISH:
+            raise ValueError(f"at most {MAX_EVENTS_PER_PUBLISH} events per publish")
+        ids = list(event_ids) if event_ids is not None else self.new_event_ids(len(wires))
+        if len(ids) != len(wires):
+            raise ValueError("event_ids must hold one id per event")
+        command = {"type": "publish", "thread": thread, "events": wires, "eventIds": ids}
+        size = len(encode({**command, "id": 0}, self.encoding))
+        if size > self.max_frame_bytes:
+            raise PayloadTooLarge(size, self.max_frame_bytes)
+        limit = timeout if timeout is not None else self.give_up_after
+        deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+        backoff = _Backoff(self.backoff_min, self.backoff_max)
+        while True:
+            try:
+                reply = await self._request(command, deadline)
+            except (_ConnectionLost, StoreUnavailable) as exc:
+                # The batch may or may not be stored: the same ids make the retry safe.
+                delay = backoff.next_delay()
+                if deadline is not None and asyncio.get_running_loop().time() + delay > deadline:
+                    if isinstance(exc, StoreUnavailable):
+                        raise
+                    raise HubUnreachable(f"publish to {self.url} gave up: {exc}") from None
+                await asyncio.sleep(delay)
+                continue
+            offsets = reply.get("offsets")
+            if not isinstance(offsets, list) or len(offsets) != len(wires):
+                raise ClientError(f"the gateway answered a publish with {reply!r}")
+            return offsets
+
+    async def ping(self, *, timeout: float | None = None) -> float:
+        """Round trip of a protocol ping, in seconds."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        deadline = began + (timeout if timeout is not None else self.open_timeout)
+        await self._request({"type": "ping"}, deadline)
+        return loop.time() - began
+
+    def new_event_ids(self, count: int) -> list[str]:
+        """Fresh event ids, unique to this client: ``<random prefix>-<counter>``."""
+        return [f"{self._id_prefix}-{next(self._event_ids)}" for _ in range(count)]
+
+    # -- internals: requests ------------------------------------------------------------
+
+    async def _request(self, command: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+        """Send *command* with a fresh id and await its reply (or error frame)."""
+        await self._wait_connected(deadline)
+        ws = self._ws
+        assert ws is not None
+        command_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[command_id] = future
+        try:
+            try:
+                await self._send(ws, {**command, "id": command_id})
+            except ConnectionClosed:
+                raise _ConnectionLost("connection closed while sending") from None
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), remaining)
+            except TimeoutError:
+                raise HubUnreachable(f"no reply from {self.url} in time") from None
+        finally:
+            self._pending.pop(command_id, None)
+
+    async def _wait_connected(self, deadline: float | None) -> None:
+        while not self._connected.is_set():
+            if self._failure is not None:
+                raise self._failure
+            if self.state is ClientState.CLOSED:
+                raise ClientError("the client is closed")
+            if self.state is ClientState.NEW:
+                raise ClientError("connect the client first (async with HubClient(...))")
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if remaining is not None and remaining <= 0:
+                raise HubUnreachable(f"no connection to {self.url} in time")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), remaining)
+
+    async def _send(self, ws: ClientConnection, frame: dict[str, Any]) -> None:
+        data = encode(frame, self.encoding)
+        await ws.send(data if self.encoding is Encoding.MSGPACK else data.decode())
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved: a caller that gave up must not warn
+        self._pending.clear()
+
+    # -- internals: subscriptions ---------------------------------------------------------
+
+    async def _add(self, sub: Subscription) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self.state in (ClientState.NEW, ClientState.CLOSED):
+            raise ClientError("connect the client first (async with HubClient(...))")
+        if self._subs.get(sub.thread) not in (None, sub):
+            raise ValueError(f"already subscribed to thread {sub.thread!r} on this client")
+        self._subs[sub.thread] = sub
+        if self._connected.is_set() and self._ws is not None:
+            with contextlib.suppress(ConnectionClosed):  # resubscribed after reconnecting
+                await self._send(self._ws, sub._subscribe_command(next(self._ids)))
+
+    async def _remove(self, sub: Subscription) -> None:
+        if self._subs.get(sub.thread) is not sub:
+            return
+        del self._subs[sub.thread]
+        if self._connected.is_set() and self._ws is not None:
+            command = {"type": "unsubscribe", "id": next(self._ids), "thread": sub.thread}
+            with contextlib.suppress(ConnectionClosed):
+                await self._send(self._ws, command)
+
+    def _resubscribe(self, sub: Subscription) -> None:
+        """Subscribe *sub* again from what it received (after it lagged)."""
+        if self._connected.is_set() and self._ws is not None and self._subs.get(sub.thread) is sub:
+            self._spawn(self._send(self._ws, sub._subscribe_command(next(self._ids))))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chore_done)
+
+    def _chore_done(self, task: asyncio.Task[Any]) -> None:
+        self._chores.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("client chore failed: %s", task.exception())
+
+    # -- internals: the connection --------------------------------------------------------
+
+    async def _open(self) -> ClientConnection:
+        subprotocol = SUBPROTOCOL_MSGPACK if self.encoding is Encoding.MSGPACK else SUBPROTOCOL_JSON
+        try:
+            ws = await connect(
+                self.url,
+                subprotocols=[subprotocol],  # type: ignore[list-item]
+                additional_headers=self.headers or None,
+                open_timeout=self.open_timeout,
+                max_size=self.max_receive_bytes,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                code = CloseCode.UNAUTHORIZED if status == 401 else CloseCode.FORBIDDEN
+                raise ConnectionRejected(code, f"HTTP {status} from {self.url}") from None
+            raise HubUnreachable(f"{self.url} is not an agui-hub gateway: {exc}") from None
+        except InvalidURI as exc:
+            raise HubUnreachable(f"not a WebSocket URL: {exc}") from None
+        except (OSError, TimeoutError, InvalidHandshake) as exc:
+            raise HubUnreachable(
+                f"cannot connect to {self.url}: {exc or type(exc).__name__}"
+            ) from None
+        if ws.subprotocol != subprotocol:
+            await ws.close()
+            raise HubUnreachable(f"{self.url} did not accept the {subprotocol} subprotocol")
+        return ws
+
+    async def _manage(self, ws: ClientConnection) -> None:
+        """Serve the connection; when it drops, reconnect and resubscribe, until closed."""
+        try:
+            while True:
+                await self._serve(ws)
+                code = self.close_code
+                self._connected.clear()
+                self._fail_pending(_ConnectionLost(f"connection closed ({code})"))
+                if self.state is ClientState.CLOSED:
+                    return
+                if code in NO_RESUME:
+                    self._fail_all(ConnectionRejected(code or 0, ws.close_reason or ""))
+                    return
+                if code == CloseCode.MESSAGE_TOO_BIG:
+                    log.warning("the gateway refused a frame over its size limit (1009)")
+                self.state = ClientState.RECONNECTING
+                ws = await self._reconnect()
+                self._ws = ws
+                self.reconnects += 1
+                self.state = ClientState.OPEN
+                self._connected.set()
+        except AguiHubError as exc:
+            self._fail_all(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: do not leave consumers waiting forever
+            log.exception("agui-hub client: connection manager failed")
+            self._fail_all(ClientError(f"the client failed: {exc!r}"))
+
+    async def _reconnect(self) -> ClientConnection:
+        loop = asyncio.get_running_loop()
+        lost_at = loop.time()
+        backoff = _Backoff(self.backoff_min, self.backoff_max)
+        while True:
+            delay = backoff.next_delay()
+            if self.give_up_after is not None:
+                left = lost_at + self.give_up_after - loop.time()
+                if left <= 0:
+                    raise HubUnreachable(
+                        f"no connection to {self.url} for {self.give_up_after:g} s; gave up"
+                    )
+                delay = min(delay, left)
+            await asyncio.sleep(delay)
+            try:
+                return await self._open()
+            except HubUnreachable as exc:
+                log.info("agui-hub client: reconnecting to %s: %s", self.url, exc)
+
+    async def _serve(self, ws: ClientConnection) -> None:
+        """Resubscribe every thread, then dispatch frames until the connection closes."""
+        try:
+            for sub in list(self._subs.values()):
+                await self._send(ws, sub._subscribe_command(next(self._ids)))
+            async for data in ws:
+                try:
+                    frame = decode(data, self.encoding, max_size=None)
+                except DecodeError as exc:
+                    log.warning("agui-hub client: undecodable frame ignored: %s", exc)
+                    continue
+                if isinstance(frame, dict):
+                    self._dispatch(frame)
+        except ConnectionClosed:
+            pass
+        # 1006 when the connection ended without a close frame (the network).
+        self.close_code = ws.protocol.close_rcvd.code if ws.protocol.close_rcvd else 1006
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        thread = frame.get("thread")
+        sub = self._subs.get(thread) if isinstance(thread, str) else None
+        if kind == "event":
+            if sub is not None:
+                sub._on_event(frame)
+        elif kind == "snapshot":
+            if sub is not None:
+                sub._on_snapshot(frame)
+        elif kind == "subscribed":
+            if sub is not None:
+                sub._on_subscribed(frame)
+        elif kind == "error":
+            self._on_error(frame, sub)
+        else:  # published, pong, unsubscribed
+            future = self._pending.get(frame.get("id"))  # type: ignore[arg-type]
+            if future is not None and not future.done():
+                future.set_result(frame)
+
+    def _on_error(self, frame: dict[str, Any], sub: Subscription | None) -> None:
+        code, message = str(frame.get("code")), str(frame.get("message"))
+        command_id = frame.get("id")
+        thread = frame.get("thread") if isinstance(frame.get("thread"), str) else None
+        future = self._pending.get(command_id)  # type: ignore[arg-type]
+        if future is not None and not future.done():
+            future.set_exception(from_error_frame(code, message, thread))
+            return
+        if sub is not None and command_id is not None and command_id == sub._awaiting:
+            if code == "store_unavailable":
+                # Not the subscription's fault: ask again after a pause.
+                self._spawn(self._retry_subscribe(sub))
+                return
+            sub._fail(CommandRejected(code, message, thread))
+            self._subs.pop(sub.thread, None)
+            return
+        log.warning("agui-hub client: error from the gateway: %s %s", code, message)
+
+    async def _retry_subscribe(self, sub: Subscription) -> None:
+        await asyncio.sleep(random.uniform(self.backoff_min, max(self.backoff_min, 1.0)))
+        self._resubscribe(sub)
+
+    def _fail_all(self, error: AguiHubError) -> None:
+        self._failure = error
+        self._connected.clear()
+        self._fail_pending(error)
+        for sub in self._subs.values():
+            sub._fail(error)

@@ -1,0 +1,179 @@
+"""Publish AG-UI events from Python: straight into a store, or through a gateway.
+
+.. code-block:: python
+
+    from agui_hub.publisher import Publisher
+
+    async with Publisher("redis://localhost:6379/0") as publisher:  # or ws://host:8765
+        await publisher.publish("t1", {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"})
+
+One API, two transports, picked by the URL's scheme:
+
+* ``redis://``, ``rediss://``, ``memory://``: the publisher opens the store and
+  writes through a :class:`~agui_hub.writer.ThreadWriter`, exactly as the
+  gateway does. An agent next to the Redis the gateways share needs no
+  gateway round trip. (``memory://`` is this process's own store: useful in
+  tests, invisible to any other process.)
+* ``ws://``, ``wss://``: the publisher sends the gateway's publish command.
+  This is how an agent in another process reaches a hub that runs on the
+  embedded in-memory store.
+
+Events may be wire dicts, this package's event models, or the official
+``ag_ui.core`` event objects as they are. Each is validated, and each batch is
+checked against its thread's sequence rules before anything is stored
+(:class:`~agui_hub.errors.InvalidEvent`, :class:`~agui_hub.errors.SequenceError`,
+nothing stored). Every event gets an id (yours, or one the publisher makes
+up), so a retry after a lost reply never stores an event twice: the publisher
+retries by itself while the store or gateway is unreachable, for up to
+*retry_for* seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from .client import HubClient
+from .codec import Encoding
+from .errors import StoreUnavailable
+from .events import validate_wire
+from .offsets import Offset, check_thread
+from .protocol import MAX_EVENTS_PER_PUBLISH
+from .store import ThreadStore, open_store
+from .writer import SequenceCheck, ThreadWriter
+
+__all__ = ["Publisher", "SequenceCheck"]
+
+GATEWAY_SCHEMES = frozenset({"ws", "wss"})
+
+
+class Publisher:
+    """Publishes events into threads of a store or a gateway (see the module docstring).
+
+    *sequence* (store URLs only) is :attr:`SequenceCheck.STRICT` (the default)
+    or :attr:`SequenceCheck.OFF`; a gateway always checks strictly.
+    *retry_for* bounds how long one call keeps retrying while the backend is
+    unreachable before it raises :class:`~agui_hub.errors.StoreUnavailable`
+    or :class:`~agui_hub.errors.HubUnreachable`. *headers* go into a gateway's
+    handshake (e.g. ``Authorization``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        sequence: SequenceCheck | str = SequenceCheck.STRICT,
+        retry_for: float = 30.0,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | str = Encoding.MSGPACK,
+    ) -> None:
+        self.url = url
+        self.sequence = SequenceCheck(sequence)
+        self.retry_for = retry_for
+        scheme = urlsplit(url).scheme.lower()
+        self.via_gateway = scheme in GATEWAY_SCHEMES
+        if self.via_gateway and self.sequence is not SequenceCheck.STRICT:
+            raise ValueError("a gateway always checks sequences strictly; use a store URL")
+        self._headers = headers
+        self._encoding = Encoding(encoding)
+        self._client: HubClient | None = None
+        self._store: ThreadStore | None = None
+        self._writer: ThreadWriter | None = None
+        if not self.via_gateway:
+            self._store = open_store(url)  # ValueError for an unknown scheme
+            self._writer = ThreadWriter(self._store, sequence=self.sequence)
+        self._prefix = secrets.token_hex(8)
+        self._counter = itertools.count(1)
+
+    async def __aenter__(self) -> Publisher:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Connect to the gateway (a store connects on first use).
+
+        Raises :class:`~agui_hub.errors.HubUnreachable` when the gateway
+        cannot be reached.
+        """
+        if self.via_gateway and self._client is None:
+            client = HubClient(
+                self.url,
+                encoding=self._encoding,
+                headers=self._headers,
+                give_up_after=self.retry_for,
+            )
+            await client.connect()
+            self._client = client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._store is not None:
+            await self._store.close()
+
+    def new_event_id(self) -> str:
+        """A fresh event id, unique to this publisher: ``<random prefix>-<counter>``."""
+        return f"{self._prefix}-{next(self._counter)}"
+
+    async def publish(self, thread: str, event: Any, *, event_id: str | None = None) -> Offset:
+        """Publish one event; returns its offset.
+
+        Pass *event_id* to make the call idempotent across processes (an agent
+        that restarts and publishes the same event again); otherwise the
+        publisher picks one, which protects its own retries.
+        """
+        offsets = await self.publish_batch(
+            thread, [event], None if event_id is None else [event_id]
+        )
+        return offsets[0]
+
+    async def publish_batch(
+        self, thread: str, events: Iterable[Any], event_ids: Sequence[str] | None = None
+    ) -> list[Offset]:
+        """Publish several events in order; returns one offset per event.
+
+        A batch of up to 1000 events is stored all or nothing; a longer one
+        is sent as consecutive batches of 1000 (each all or nothing, in
+        order). Much faster than one call per event when events are ready
+        together.
+        """
+        check_thread(thread)
+        wires = [validate_wire(event) for event in events]
+        if event_ids is not None and len(event_ids) != len(wires):
+            raise ValueError("event_ids must hold one id per event")
+        ids = list(event_ids) if event_ids is not None else [self.new_event_id() for _ in wires]
+        offsets: list[Offset] = []
+        for begin in range(0, len(wires), MAX_EVENTS_PER_PUBLISH):
+            end = begin + MAX_EVENTS_PER_PUBLISH
+            offsets += await self._publish(thread, wires[begin:end], ids[begin:end])
+        return offsets
+
+    async def _publish(
+        self, thread: str, wires: list[dict[str, Any]], ids: list[str]
+    ) -> list[Offset]:
+        if self.via_gateway:
+            if self._client is None:
+                await self.connect()
+            assert self._client is not None
+            return await self._client.publish(thread, wires, ids, timeout=self.retry_for)
+        assert self._writer is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_for
+        delay = 0.05
+        while True:
+            try:
+                return await self._writer.publish(thread, wires, ids)
+            except StoreUnavailable:
+                # The batch may or may not be stored: the same ids make the retry safe.
+                if loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)

@@ -1,0 +1,318 @@
+"""The README, executed: every ``agui-hub`` command and every Python example in it.
+
+The walk-through ("one run, two viewers, nothing lost") runs as real
+processes, with the README's command lines passed to ``bash`` verbatim; only
+``AGUI_HUB_PORT`` / ``AGUI_HUB_URL`` (and, for the Redis variant,
+``AGUI_HUB_STORE``) point them at a free loopback port and a test Redis. The
+Python examples run with the README's URLs swapped for the test's. A command
+or example added to the README without being run here fails
+:func:`test_every_readme_command_is_exercised`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agui_hub.client import HubClient, ThreadEvent
+
+from .conftest import TIMEOUT_SCALE, RedisServer, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+WAIT = 20 * TIMEOUT_SCALE
+
+# Commands this module runs, checked against the README at the end.
+EXERCISED: set[str] = set()
+
+
+def blocks(language: str) -> list[str]:
+    """The README's fenced code blocks of one language, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.S | re.M)
+
+
+def command_lines(block: str) -> list[str]:
+    """The ``agui-hub`` command lines of a shell block, without their comments."""
+    found = []
+    for line in block.splitlines():
+        line = line.split("  #", 1)[0].strip()
+        if "agui-hub " in line:
+            found.append(line[line.index("agui-hub ") :] if " && " in line else line)
+    return found
+
+
+def walkthrough() -> tuple[list[str], list[str]]:
+    """The two shell blocks of the walk-through: the four terminals, then replay/publish."""
+    section = README.split("## Try it", 1)[1].split("\n## ", 1)[0]
+    shells = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
+    assert len(shells) == 2, "the walk-through has two shell blocks"
+    return command_lines(shells[0]), command_lines(shells[1])
+
+
+class Terminal:
+    """One README command line running in ``bash``, as a user's terminal would."""
+
+    def __init__(self, command: str, cwd: Path, env: dict[str, str], name: str) -> None:
+        self.command = command
+        self.out_path = cwd / f"{name}.out"
+        self.err_path = cwd / f"{name}.err"
+        EXERCISED.add(command)
+        with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
+            self.process = subprocess.Popen(
+                ["bash", "-c", f"exec {command}"],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def errors(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait_for(self, predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if predicate(self.output()):
+                return
+            if self.process.poll() is not None and not predicate(self.output()):
+                break
+            time.sleep(0.02)
+        raise AssertionError(
+            f"{self.command}: {what} did not happen\nstdout:\n{self.output()}\n"
+            f"stderr:\n{self.errors()}"
+        )
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+
+    def wait(self) -> int:
+        return self.process.wait(timeout=WAIT)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    opened: list[Terminal] = []
+    yield opened
+    for terminal in opened:
+        terminal.kill()
+
+
+def environment(port: int, store: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGUI_HUB_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["AGUI_HUB_PORT"] = str(port)
+    env["AGUI_HUB_URL"] = f"ws://127.0.0.1:{port}"
+    env["PYTHONUNBUFFERED"] = "1"
+    if store is not None:
+        env["AGUI_HUB_STORE"] = store
+    return env
+
+
+def wait_listening(terminal: Terminal, port: int) -> None:
+    deadline = time.monotonic() + WAIT
+    ready = f"agui-hub listening on ws://127.0.0.1:{port}"
+    while time.monotonic() < deadline:
+        if ready in terminal.errors() + terminal.output():
+            return
+        assert terminal.process.poll() is None, f"the hub exited:\n{terminal.errors()}"
+        time.sleep(0.02)
+    raise AssertionError(f"the hub did not start:\n{terminal.errors()}")
+
+
+def matches_sample(transcript: str) -> None:
+    """The README's sample transcript describes what tail really prints."""
+    section = README.split("## Try it", 1)[1]
+    sample = re.search(r"^```text\n(.*?)^```", section, flags=re.S | re.M)
+    assert sample is not None
+    lines = transcript.splitlines()
+    position = 0
+    for expected in sample.group(1).splitlines():
+        if expected == "...":
+            continue
+        pattern = re.escape(expected.removesuffix(" ...").removesuffix("; ..."))
+        pattern = pattern.replace("run\\-3f2a9c1e", "run-[0-9a-f]{8}")
+        regex = re.compile(pattern)
+        for index in range(position, len(lines)):
+            if regex.match(lines[index]):
+                position = index + 1
+                break
+        else:
+            raise AssertionError(f"README sample line {expected!r} is not in:\n{transcript}")
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_walkthrough(
+    backend: str,
+    tmp_path: Path,
+    terminals: list[Terminal],
+    redis_server: RedisServer,
+) -> None:
+    """Hub, two viewers, the demo agent; viewer 3 is killed mid-run and started again."""
+    four, after = walkthrough()
+    serve, viewer, keeper, demo = four
+    assert serve == "agui-hub serve" and demo == "agui-hub demo"
+    port = free_port()
+    store = None if backend == "memory" else f"{redis_server.url}?prefix=readme-{uuid.uuid4().hex}"
+    env = environment(port, store)
+
+    hub = Terminal(serve, tmp_path, env, "hub")
+    terminals.append(hub)
+    wait_listening(hub, port)
+    viewer_a = Terminal(viewer, tmp_path, env, "viewer-a")
+    viewer_b = Terminal(keeper, tmp_path, env, "viewer-b1")
+    terminals += [viewer_a, viewer_b]
+    time.sleep(0.3)  # both viewers subscribed before the first event, as in the README
+    agent = Terminal(demo, tmp_path, env, "demo")
+    terminals.append(agent)
+
+    # Kill viewer 3 in the middle of the run, with SIGKILL: no chance to tidy up.
+    viewer_b.wait_for(lambda out: out.count("\n") >= 6, "six lines in viewer 3")
+    viewer_b.signal(signal.SIGKILL)
+    viewer_b.wait()
+    first_part = viewer_b.output()
+    assert "finished" not in first_part, "the kill came too late to mean anything"
+    viewer_b2 = Terminal(keeper, tmp_path, env, "viewer-b2")  # the same command again
+    terminals.append(viewer_b2)
+
+    assert agent.wait() == 0, agent.errors()
+    finished = re.compile(r"── run run-[0-9a-f]{8} finished\n")
+    viewer_a.wait_for(finished.search, "the end of the run in viewer 2")
+    viewer_b2.wait_for(finished.search, "the end of the run in viewer 3")
+    for terminal in (viewer_a, viewer_b2):
+        terminal.signal(signal.SIGINT)
+        assert terminal.wait() == 130
+    transcript = viewer_a.output()
+    assert first_part + viewer_b2.output() == transcript
+    assert "Traceback" not in viewer_a.errors() + viewer_b2.errors() + hub.errors()
+    matches_sample(transcript)
+    saved = json.loads((tmp_path / "viewer.pos").read_text())
+    assert saved["thread"] == "demo"
+
+    # Replay the thread as NDJSON, publish it into another thread.
+    replay, publish = after
+    replayed = Terminal(replay, tmp_path, env, "replay")
+    assert replayed.wait() == 0, replayed.errors()
+    records = [json.loads(line) for line in (tmp_path / "run.ndjson").read_text().splitlines()]
+    assert records[0]["event"]["type"] == "RUN_STARTED"
+    assert records[-1]["event"]["type"] == "RUN_FINISHED"
+    assert saved["offset"] == records[-1]["offset"]
+    published = Terminal(publish, tmp_path, env, "publish")
+    assert published.wait() == 0, published.errors()
+    offsets = published.output().split()
+    assert len(offsets) == len(records)
+    assert offsets == sorted(offsets, key=lambda o: tuple(int(x) for x in o.split("-")))
+    copy = replay_events(port, "demo-copy")
+    assert copy == [record["event"] for record in records]
+    hub.signal(signal.SIGTERM)
+    assert hub.wait() == 0
+
+
+def replay_events(port: int, thread: str) -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        async with HubClient(f"ws://127.0.0.1:{port}") as hub:
+            async with hub.subscribe(thread, "start") as sub:
+                newest = None
+                async with asyncio.timeout(WAIT):
+                    async for item in sub:
+                        if newest is None and hasattr(item, "recovered"):
+                            newest = item.offset  # type: ignore[union-attr]
+                            if newest == "0-0":
+                                break
+                        if isinstance(item, ThreadEvent):
+                            events.append(item.event)
+                            if item.offset == newest:
+                                break
+        return events
+
+    return asyncio.run(read())
+
+
+# -- the Python examples ---------------------------------------------------------------
+
+
+def run_example(code: str, substitutions: dict[str, str]) -> str:
+    """Run one README example (top-level ``await`` allowed); returns what it printed."""
+    for old, new in substitutions.items():
+        code = code.replace(old, new)
+    namespace: dict[str, Any] = {"__name__": "readme_example"}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        if "await " in code or "async " in code:
+            body = textwrap.indent(code, "    ")
+            exec(compile(f"async def __example__():\n{body}\n", "README.md", "exec"), namespace)
+            asyncio.run(asyncio.wait_for(namespace["__example__"](), WAIT))
+        else:
+            exec(compile(code, "README.md", "exec"), namespace)
+    return out.getvalue()
+
+
+def test_python_examples(tmp_path: Path, terminals: list[Terminal], redis_server: RedisServer):
+    """Every Python block of the README runs against a real hub and Redis."""
+    examples = blocks("python")
+    assert len(examples) >= 4
+    port = free_port()
+    env = environment(port, None)
+    hub = Terminal("agui-hub serve", tmp_path, env, "hub")
+    terminals.append(hub)
+    wait_listening(hub, port)
+    agent = Terminal("agui-hub demo --speed 0", tmp_path, env, "demo")
+    assert agent.wait() == 0, agent.errors()
+    substitutions = {
+        "ws://127.0.0.1:8765": f"ws://127.0.0.1:{port}",
+        "redis://localhost:6379/0": f"{redis_server.url}?prefix=readme-{uuid.uuid4().hex}",
+    }
+    printed = [run_example(code, substitutions) for code in examples]
+
+    # The client example printed the demo's final answer, folded from the events.
+    client_output = next(p for code, p in zip(examples, printed, strict=True)
+                         if "HubClient" in code)  # fmt: skip
+    assert client_output.startswith("Paris is sunny"), client_output
+    # The publisher example's run is in the hub, in order.
+    events = replay_events(port, "t1")
+    assert [e["type"] for e in events] == [
+        "RUN_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    assert events[0] == {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"}
+
+
+def test_every_readme_command_is_exercised() -> None:
+    """Every ``agui-hub`` command line in a README shell block is run by this module."""
+    if not EXERCISED:
+        pytest.skip("run with the rest of this module")
+    documented = {line for block in blocks("sh") for line in command_lines(block)}
+    missing = documented - EXERCISED
+    assert not missing, f"README commands no test runs: {sorted(missing)}"
