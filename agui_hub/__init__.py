@@ -9,10 +9,18 @@ Layers, each importing only the ones above it in this list:
 * :mod:`agui_hub.codec` - msgpack and JSON encodings;
 * :mod:`agui_hub.store` with :mod:`agui_hub.memory_store` and
   :mod:`agui_hub.redis_store` - thread streams: offsets, epochs, retention,
-  gap-free live subscriptions.
+  gap-free live subscriptions;
+* :mod:`agui_hub.protocol` - the gateway's wire protocol, sans I/O;
+* :mod:`agui_hub.writer` - checked writes: validate, verify the sequence, append;
+* :mod:`agui_hub.hub` and :mod:`agui_hub.server` - fan-out and the WebSocket gateway;
+* :mod:`agui_hub.client` and :mod:`agui_hub.publisher` - Python APIs for front
+  ends and agents;
+* :mod:`agui_hub.transcript`, :mod:`agui_hub.demo` and :mod:`agui_hub.cli` -
+  the command line.
 
-The protocol layers (everything above the store) import no asyncio, websockets
-or redis.
+The protocol layers (events to codec, protocol, transcript, demo) import no
+asyncio, websockets or redis. Nothing but the Redis store imports redis, which
+is the ``redis`` extra.
 """
 
 __version__ = "0.1.0"
