@@ -75,6 +75,7 @@ from .protocol import (
     SUBPROTOCOL_MSGPACK,
     CloseCode,
     Position,
+    check_event_ids,
 )
 from .reducer import ThreadState
 
@@ -597,9 +598,9 @@ class HubClient:
             return []
         if len(wires) > MAX_EVENTS_PER_PUBLISH:
             raise ValueError(f"at most {MAX_EVENTS_PER_PUBLISH} events per publish")
-        ids = list(event_ids) if event_ids is not None else self.new_event_ids(len(wires))
-        if len(ids) != len(wires):
-            raise ValueError("event_ids must hold one id per event")
+        ids = check_event_ids(None if event_ids is None else list(event_ids), len(wires))
+        if ids is None:
+            ids = self.new_event_ids(len(wires))
         command = {"type": "publish", "thread": thread, "events": wires, "eventIds": ids}
         size = len(encode({**command, "id": 0}, self.encoding))
         if size > self.max_frame_bytes:
@@ -758,14 +759,21 @@ class HubClient:
                 await self._serve(ws)
                 code = self.close_code
                 self._connected.clear()
+                if code == CloseCode.MESSAGE_TOO_BIG:
+                    # Sending the same command again would be refused again.
+                    self._fail_pending(
+                        CommandRejected(
+                            "payload_too_large",
+                            "the gateway closed the connection (1009): a frame was over its "
+                            "size limit; lower the client's max_frame_bytes to match it",
+                        )
+                    )
                 self._fail_pending(_ConnectionLost(f"connection closed ({code})"))
                 if self.state is ClientState.CLOSED:
                     return
                 if code in NO_RESUME:
                     self._fail_all(ConnectionRejected(code or 0, ws.close_reason or ""))
                     return
-                if code == CloseCode.MESSAGE_TOO_BIG:
-                    log.warning("the gateway refused a frame over its size limit (1009)")
                 self.state = ClientState.RECONNECTING
                 ws = await self._reconnect()
                 self._ws = ws

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "Start",
     "Subscribe",
     "Unsubscribe",
+    "check_event_ids",
     "encode_frame",
     "encoding_of",
     "event_frame",
@@ -210,6 +212,24 @@ def _start(value: Any, command_id: Any) -> Start:
     )
 
 
+def check_event_ids(event_ids: Sequence[str] | None, count: int) -> list[str] | None:
+    """*event_ids* as a list, after checking there is one per event and no repeat.
+
+    Raises :class:`ValueError`: a repeated id would make the store take the
+    second event for a retry of the first and silently drop it.
+    """
+    if event_ids is None:
+        return None
+    ids = list(event_ids)
+    if len(ids) != count:
+        raise ValueError("event_ids must hold one id per event")
+    if len(set(ids)) != len(ids):
+        raise ValueError("event_ids must all be different (each event needs its own id)")
+    if not all(isinstance(i, str) and i for i in ids):
+        raise ValueError("event ids are non-empty strings")
+    return ids
+
+
 def parse_command(
     data: bytes | str, encoding: Encoding, *, max_size: int | None = DEFAULT_MAX_SIZE
 ) -> Command:
@@ -253,10 +273,11 @@ def parse_command(
             not isinstance(ids, list)
             or len(ids) != len(events)
             or not all(isinstance(i, str) and 0 < len(i) <= 256 for i in ids)
+            or len(set(ids)) != len(ids)
         ):
             raise CommandError(
                 "bad_command",
-                "eventIds must be a list of non-empty strings, one per event",
+                "eventIds must be a list of different non-empty strings, one per event",
                 command_id,
             )
         return Publish(command_id, thread, events, ids)

@@ -39,10 +39,10 @@ from urllib.parse import urlsplit
 
 from .client import HubClient
 from .codec import Encoding
-from .errors import StoreUnavailable
+from .errors import HubUnreachable, StoreUnavailable
 from .events import validate_wire
 from .offsets import Offset, check_thread
-from .protocol import MAX_EVENTS_PER_PUBLISH
+from .protocol import MAX_EVENTS_PER_PUBLISH, check_event_ids
 from .store import ThreadStore, open_store
 from .writer import SequenceCheck, ThreadWriter
 
@@ -99,18 +99,32 @@ class Publisher:
     async def connect(self) -> None:
         """Connect to the gateway (a store connects on first use).
 
-        Raises :class:`~agui_hub.errors.HubUnreachable` when the gateway
-        cannot be reached.
+        Retries for up to *retry_for* seconds while the gateway cannot be
+        reached, then raises :class:`~agui_hub.errors.HubUnreachable`;
+        raises :class:`~agui_hub.errors.ConnectionRejected` at once when the
+        gateway refuses this client.
         """
-        if self.via_gateway and self._client is None:
+        if not self.via_gateway or self._client is not None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_for
+        delay = 0.05
+        while True:
+            # A client that lost its connection reconnects by itself, for ever:
+            # each publish is bounded by retry_for instead.
             client = HubClient(
-                self.url,
-                encoding=self._encoding,
-                headers=self._headers,
-                give_up_after=self.retry_for,
+                self.url, encoding=self._encoding, headers=self._headers, give_up_after=None
             )
-            await client.connect()
+            try:
+                await client.connect()
+            except HubUnreachable:
+                if loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
             self._client = client
+            return
 
     async def close(self) -> None:
         if self._client is not None:
@@ -147,9 +161,9 @@ class Publisher:
         """
         check_thread(thread)
         wires = [validate_wire(event) for event in events]
-        if event_ids is not None and len(event_ids) != len(wires):
-            raise ValueError("event_ids must hold one id per event")
-        ids = list(event_ids) if event_ids is not None else [self.new_event_id() for _ in wires]
+        ids = check_event_ids(event_ids, len(wires))
+        if ids is None:
+            ids = [self.new_event_id() for _ in wires]
         offsets: list[Offset] = []
         for begin in range(0, len(wires), MAX_EVENTS_PER_PUBLISH):
             end = begin + MAX_EVENTS_PER_PUBLISH

@@ -22,13 +22,15 @@ import copy
 import enum
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from .errors import OffsetExpired, ProtocolError, SequenceError
 from .events import validate_wire
-from .offsets import START, Offset, offset_key
+from .offsets import START, Offset
+from .protocol import check_event_ids
 from .sequence import SequenceVerifier
 from .store import Entry, EventInput, ThreadStore
 
@@ -45,14 +47,27 @@ class SequenceCheck(enum.StrEnum):
     producers that replay or repair threads and know what they are doing."""
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What a writer knows of one thread's sequence."""
+
+    verifier: SequenceVerifier
+    after: Offset
+    """Everything up to here is folded into :attr:`verifier`..."""
+    epoch: str | None
+    own: set[Offset] = field(default_factory=set)
+    """...and so are these offsets after it: this writer's own latest appends."""
+    window: set[str] | None = None
+    """For a trimmed thread: the ids its kept events mention (``None``: not trimmed)."""
+
+
 class ThreadWriter:
     """Validates, verifies and appends events to the threads of one store."""
 
     def __init__(self, store: ThreadStore, *, sequence: SequenceCheck = SequenceCheck.STRICT):
         self.store = store
         self.sequence = SequenceCheck(sequence)
-        # Per thread: the verifier, the offset it has seen up to, and its epoch.
-        self._verifiers: dict[str, tuple[SequenceVerifier, Offset, str | None]] = {}
+        self._seen: dict[str, _Seen] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def publish(
@@ -61,17 +76,17 @@ class ThreadWriter:
         """Validate, check the sequence, store: all or nothing. Returns one offset per event.
 
         *events* are wire dicts or event models (ours or the official
-        ``ag_ui.core`` ones). *event_ids* (one per event) make the call
-        idempotent: a retry with the same ids stores nothing twice and gets
-        the same offsets. Raises :class:`~agui_hub.errors.InvalidEvent` or
-        :class:`~agui_hub.errors.SequenceError` with nothing stored, or a
+        ``ag_ui.core`` ones). *event_ids* (one per event, all different) make
+        the call idempotent: a retry with the same ids stores nothing twice
+        and gets the same offsets. Raises :class:`~agui_hub.errors.InvalidEvent`
+        or :class:`~agui_hub.errors.SequenceError` with nothing stored, or a
         :class:`~agui_hub.errors.StoreError` (after
         :class:`~agui_hub.errors.StoreUnavailable`, retry with the same ids).
         """
         wires = [validate_wire(event) for event in events]
-        if event_ids is not None and len(event_ids) != len(wires):
-            raise ValueError("event_ids must hold one id per event")
-        ids = list(event_ids) if event_ids else [uuid.uuid4().hex for _ in wires]
+        ids = check_event_ids(event_ids, len(wires))
+        if ids is None:
+            ids = [uuid.uuid4().hex for _ in wires]
         if self.sequence is SequenceCheck.OFF:
             return await self.store.append(
                 thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
@@ -84,58 +99,126 @@ class ThreadWriter:
             new = [w for w, i in zip(wires, ids, strict=True) if i not in known]
             if not new:
                 return [known[i] for i in ids]
-            verifier = await self._verifier(thread)
-            trial = copy.deepcopy(verifier) if len(new) > 1 else verifier
-            if len(new) == 1:
-                trial.check(new[0])
+            seen = await self._caught_up(thread)
+            window = None if seen.window is None else set(seen.window)
+            if len(new) == 1 and window is None:
+                seen.verifier.check(new[0])  # no copy: check() changes nothing
+                trial = seen.verifier
             else:
+                trial = copy.deepcopy(seen.verifier)
                 for wire in new:
-                    trial.verify(wire)
+                    _verify(trial, wire, window)
             offsets = await self.store.append(
                 thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
             )
-            if len(new) == 1:
-                verifier.verify(new[0])
-            else:
-                verifier = trial
-            epoch = self._verifiers[thread][2]
-            if epoch is None:  # this append created the thread
-                epoch = await self.store.epoch(thread)
-            newest = max(offsets, key=offset_key)
-            self._verifiers[thread] = (verifier, newest, epoch)
+            if trial is seen.verifier:
+                trial.verify(new[0])
+            seen.verifier, seen.window = trial, window
+            # Another writer may have appended between our read and our append:
+            # the next catch-up reads from the old position and skips our own.
+            seen.own.update(offsets)
+            if seen.epoch is None:  # this append created the thread
+                seen.epoch = await self.store.epoch(thread)
             return offsets
 
     def forget(self, thread: str) -> None:
         """Drop the cached sequence state of *thread* (it is rebuilt from the store)."""
-        self._verifiers.pop(thread, None)
+        self._seen.pop(thread, None)
 
-    async def _verifier(self, thread: str) -> SequenceVerifier:
-        """The thread's verifier, caught up with what others stored meanwhile."""
-        known = self._verifiers.get(thread)
+    async def _caught_up(self, thread: str) -> _Seen:
+        """The thread's sequence state, caught up with what others stored meanwhile."""
+        seen = self._seen.get(thread)
         epoch = await self.store.epoch(thread)
-        if known is None or known[2] != epoch:
-            verifier, after = SequenceVerifier(thread=thread), START
-        else:
-            verifier, after = known[0], known[1]
+        if seen is None or seen.epoch != epoch:
+            seen = _Seen(SequenceVerifier(thread=thread), START, epoch)
         try:
-            entries = await self.store.read(thread, after=after)
+            entries = await self.store.read(thread, after=seen.after)
         except OffsetExpired:
-            # History trimmed: judge what follows from what is still stored.
-            verifier, entries = SequenceVerifier(thread=thread), []
-            info = await self.store.info(thread)
-            if info is not None and info.trimmed is not None:
-                entries = await self.store.read(thread, after=info.trimmed)
-            verifier = _lenient(verifier, entries)
-            after = entries[-1].offset if entries else (info.trimmed if info else None) or after
-            self._verifiers[thread] = (verifier, after, epoch)
-            return verifier
+            seen = self._seen[thread] = await self._rebuilt(thread, epoch)
+            return seen
         for entry in entries:
+            if entry.offset in seen.own:
+                continue  # verified when we appended it
             with contextlib.suppress(ProtocolError, ValueError, msgpack.UnpackException):
-                verifier.verify(msgpack.unpackb(entry.data, raw=False))
+                seen.verifier.verify(msgpack.unpackb(entry.data, raw=False))
         if entries:
-            after = entries[-1].offset
-        self._verifiers[thread] = (verifier, after, epoch)
-        return verifier
+            seen.after = entries[-1].offset
+        seen.own.clear()
+        self._seen[thread] = seen
+        return seen
+
+    async def _rebuilt(self, thread: str, epoch: str | None) -> _Seen:
+        """The sequence state of a thread whose beginning was trimmed.
+
+        From a checkpoint of the thread's folded state when one reaches the
+        stored events (a gateway writes them for the threads it serves): then
+        the state is exact. Otherwise from the stored events alone, assuming
+        that whatever they continue was opened in the trimmed part.
+        """
+        checkpoint = await self.store.get_checkpoint(thread)
+        if checkpoint is not None and checkpoint.epoch == epoch and checkpoint.complete:
+            try:
+                entries = await self.store.read(thread, after=checkpoint.offset)
+            except OffsetExpired:
+                pass  # the checkpoint is older than what is kept
+            else:
+                verifier = SequenceVerifier(thread=thread)
+                try:
+                    for event in msgpack.unpackb(checkpoint.events, raw=False):
+                        verifier.verify(event)
+                except (ProtocolError, ValueError, TypeError, msgpack.UnpackException):
+                    pass  # an unreadable checkpoint: do without it
+                else:
+                    for entry in entries:
+                        with contextlib.suppress(
+                            ProtocolError, ValueError, msgpack.UnpackException
+                        ):
+                            verifier.verify(msgpack.unpackb(entry.data, raw=False))
+                    after = entries[-1].offset if entries else checkpoint.offset
+                    return _Seen(verifier, after, epoch)
+        info = await self.store.info(thread)
+        entries = []
+        if info is not None and info.trimmed is not None:
+            entries = await self.store.read(thread, after=info.trimmed)
+        verifier, window = _lenient(SequenceVerifier(thread=thread), entries)
+        after = entries[-1].offset if entries else (info.trimmed if info else None) or START
+        return _Seen(verifier, after, epoch, window=window)
+
+
+_ID_KEYS = ("messageId", "toolCallId", "stepName", "subagentRunId")
+
+
+_CONTINUATIONS = {
+    "message_not_open": "messageId",
+    "tool_call_not_open": "toolCallId",
+    "reasoning_not_open": "messageId",
+    "reasoning_span_not_open": "messageId",
+    "step_not_active": "stepName",
+}
+"""Rules an event breaks when what it continues was opened in a trimmed part,
+with the field that names what it continues."""
+
+
+def _verify(verifier: SequenceVerifier, event: dict[str, Any], window: set[str] | None) -> None:
+    """Verify *event*; in a trimmed thread, give the benefit of the doubt where due.
+
+    An event that continues an entity the kept events never mention may
+    continue one opened in the trimmed part: it is accepted without being
+    tracked (it neither opens nor closes anything in the verifier).
+    """
+    try:
+        verifier.verify(event)
+    except SequenceError as exc:
+        key = _CONTINUATIONS.get(exc.rule)
+        if window is None or key is None or event.get(key) in window:
+            raise
+        return
+    if window is not None:
+        window.update(_mentions(event))
+
+
+def _mentions(event: dict[str, Any]) -> set[str]:
+    return {value for key in _ID_KEYS if isinstance(value := event.get(key), str)}
 
 
 def _opener(rule: str, event: dict[str, Any]) -> dict[str, Any] | None:
@@ -164,18 +247,26 @@ def _opener(rule: str, event: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _lenient(verifier: SequenceVerifier, entries: Sequence[Entry]) -> SequenceVerifier:
+def _lenient(
+    verifier: SequenceVerifier, entries: Sequence[Entry]
+) -> tuple[SequenceVerifier, set[str]]:
     """Replay a stream whose beginning was trimmed: assume what it no longer shows.
 
     An event that continues something opened before the trimmed part (a run,
     a message, a tool call, a step, a subagent) is preceded by a stand-in for
-    its opener, so that what follows is judged by the usual rules.
+    its opener, so that what follows is judged by the usual rules. Also
+    returns the ids the kept events mention: an entity they never mention may
+    still be open from the trimmed part, and gets the same benefit of the
+    doubt when it next shows up.
     """
+    window: set[str] = set()
     for entry in entries:
         try:
             event = msgpack.unpackb(entry.data, raw=False)
         except (ValueError, msgpack.UnpackException):
             continue
+        if isinstance(event, dict):
+            window.update(_mentions(event))
         for _ in range(3):  # a content event may need a run and a message
             try:
                 verifier.verify(event)
@@ -188,4 +279,4 @@ def _lenient(verifier: SequenceVerifier, entries: Sequence[Entry]) -> SequenceVe
                     verifier.verify(opener)
             except ProtocolError:
                 break
-    return verifier
+    return verifier, window

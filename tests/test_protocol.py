@@ -332,6 +332,7 @@ BAD_COMMANDS: list[tuple[dict[str, Any], str]] = [
     ({"type": "publish", "thread": "t", "events": [{}, {}], "eventIds": ["a"]}, "eventIds"),
     ({"type": "publish", "thread": "t", "events": [{}], "eventIds": [""]}, "eventIds"),
     ({"type": "publish", "thread": "t", "events": [{}], "eventIds": [1]}, "eventIds"),
+    ({"type": "publish", "thread": "t", "events": [{}, {}], "eventIds": ["a", "a"]}, "eventIds"),
     ({"type": "publish", "thread": "t", "events": [{}], "eventIds": [None]}, "eventIds"),
     ({"type": "publish", "thread": "t", "events": [{}], "eventIds": ["x" * 257]}, "eventIds"),
 ]

@@ -1,0 +1,459 @@
+"""ThreadWriter (agui_hub.writer): validate, verify the sequence, append all or nothing.
+
+Every test runs over the memory store and over a real redis-server (the
+session ``redis_server``, isolated by a key prefix per test). "Another
+writer" is another ThreadWriter on the same threads: on Redis it has a store
+object of its own, as another process would; in memory it shares the one
+MemoryStore (there is no other way to share an in-process store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar, cast
+
+import msgpack
+import pytest
+
+from agui_hub.errors import InvalidEvent, SequenceError
+from agui_hub.memory_store import MemoryStore
+from agui_hub.offsets import offset_key
+from agui_hub.redis_store import RedisStore
+from agui_hub.reducer import ThreadState
+from agui_hub.store import START, Checkpoint, EventInput, Offset, Retention, ThreadStore
+from agui_hub.writer import SequenceCheck, ThreadWriter
+
+from .conftest import TIMEOUT_SCALE, RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT = 10 * TIMEOUT_SCALE
+"""Longest wait for any one store operation."""
+
+T = TypeVar("T")
+Event = dict[str, Any]
+
+
+async def within(awaitable: Awaitable[T]) -> T:
+    """*awaitable*, or TimeoutError after WAIT seconds."""
+    return await asyncio.wait_for(awaitable, WAIT)
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+def run_started(thread: str, run: str) -> Event:
+    return {"type": "RUN_STARTED", "threadId": thread, "runId": run}
+
+
+def run_finished(thread: str, run: str) -> Event:
+    return {"type": "RUN_FINISHED", "threadId": thread, "runId": run}
+
+
+def start(message: str) -> Event:
+    return {"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"}
+
+
+def content(message: str, delta: str = "x") -> Event:
+    return {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": delta}
+
+
+def end(message: str) -> Event:
+    return {"type": "TEXT_MESSAGE_END", "messageId": message}
+
+
+def new_thread() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+# -- stores -----------------------------------------------------------------------------------
+
+
+class Stores:
+    """Handles on one set of threads: memory (one shared object) or Redis (one per call)."""
+
+    def __init__(self, kind: str, redis: RedisServer | None) -> None:
+        self.kind = kind
+        self.redis = redis
+        self.prefix = f"test-writer-{uuid.uuid4().hex}"
+        self.opened: list[ThreadStore] = []
+        self._memory: MemoryStore | None = None
+
+    def open(self, retention: Retention | None = None) -> ThreadStore:
+        """A store on this test's threads (for Redis: a new connection pool, like a process)."""
+        if self.kind == "memory":
+            if self._memory is None:
+                self._memory = MemoryStore(retention=retention)
+                self.opened.append(self._memory)
+            return self._memory
+        assert self.redis is not None
+        store = RedisStore(self.redis.url, prefix=self.prefix, retention=retention)
+        self.opened.append(store)
+        return store
+
+    async def close(self) -> None:
+        for store in self.opened:
+            await within(store.close())
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
+    redis = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    handles = Stores(request.param, redis)
+    try:
+        yield handles
+    finally:
+        await handles.close()
+
+
+async def stored(store: ThreadStore, thread: str) -> list[tuple[Offset, Event, str]]:
+    """(offset, event, event id) of every entry still stored in *thread*, oldest first."""
+    info = await within(store.info(thread))
+    after = info.trimmed if info is not None and info.trimmed is not None else START
+    entries = await within(store.read(thread, after=after))
+    return [(e.offset, msgpack.unpackb(e.data, raw=False), e.event_id) for e in entries]
+
+
+async def stored_events(store: ThreadStore, thread: str) -> list[Event]:
+    return [event for _, event, _ in await stored(store, thread)]
+
+
+async def publish(
+    writer: ThreadWriter, thread: str, events: Sequence[Any], ids: Sequence[str] | None = None
+) -> list[Offset]:
+    return await within(writer.publish(thread, events, ids))
+
+
+def increasing(offsets: Sequence[Offset]) -> bool:
+    keys = [offset_key(o) for o in offsets]
+    return all(a < b for a, b in itertools.pairwise(keys))
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+
+async def test_a_valid_batch_is_stored_in_order(stores: Stores) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    events = [run_started(thread, "r1"), start("m1"), content("m1", "Hello"), end("m1")]
+    events.append(run_finished(thread, "r1"))
+    ids = [f"e{i}" for i in range(len(events))]
+
+    offsets = await publish(writer, thread, events, ids)
+
+    assert len(offsets) == 5 and increasing(offsets)
+    assert await stored(store, thread) == list(zip(offsets, events, ids, strict=True))
+    entries = await within(store.read(thread))
+    assert [e.type for e in entries] == [e["type"] for e in events]
+    assert [e.run_id for e in entries] == ["r1"] * 5  # later events inherit the run
+    assert await within(store.last_offset(thread)) == offsets[-1]
+
+
+async def test_an_invalid_event_stores_nothing(stores: Stores) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    missing_delta = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1"}
+
+    with pytest.raises(InvalidEvent) as caught:
+        await publish(writer, thread, [run_started(thread, "r1"), start("m1"), missing_delta])
+    assert "delta" in str(caught.value)
+    with pytest.raises(InvalidEvent):
+        await publish(writer, thread, [{"type": "NOT_AN_AGUI_EVENT"}])
+
+    assert await stored(store, thread) == []
+    assert await within(store.epoch(thread)) is None  # not even created
+    # The thread is usable: the same run can start now.
+    assert len(await publish(writer, thread, [run_started(thread, "r1")])) == 1
+
+
+async def test_a_sequence_error_in_a_batch_stores_none_of_it(stores: Stores) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    first = await publish(writer, thread, [run_started(thread, "r1")], ["rs"])
+
+    # m2 was never started: the third event of four breaks the rules.
+    batch = [start("m1"), content("m1", "a"), content("m2", "b"), end("m1")]
+    with pytest.raises(SequenceError) as caught:
+        await publish(writer, thread, batch, ["s", "c1", "c2", "e"])
+    error = caught.value
+    assert error.rule == "message_not_open"
+    assert error.event == content("m2", "b")
+    assert error.thread == thread
+    assert "[message_not_open] TEXT_MESSAGE_CONTENT" in str(error) and "'m2'" in str(error)
+    assert await stored(store, thread) == [(first[0], run_started(thread, "r1"), "rs")]
+
+    # The writer recorded nothing of the rejected batch: m1 is not open, so
+    # the corrected batch (which starts m1 again) is accepted.
+    fixed = [start("m1"), content("m1", "a"), content("m1", "b"), end("m1")]
+    offsets = await publish(writer, thread, fixed, ["s", "c1", "c2", "e"])
+    assert increasing(first + offsets)
+    assert await stored_events(store, thread) == [run_started(thread, "r1"), *fixed]
+
+    # A single event goes through the same check (a faster path in the writer).
+    with pytest.raises(SequenceError) as single:
+        await publish(writer, thread, [end("m1")])
+    assert single.value.rule == "message_not_open"
+    assert len(await stored(store, thread)) == 5
+    assert len(await publish(writer, thread, [run_finished(thread, "r1")])) == 1
+
+
+async def test_a_retry_with_the_same_ids_stores_nothing_twice(stores: Stores) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    batch = [run_started(thread, "r1"), start("m1"), content("m1", "a")]
+    ids = ["a1", "a2", "a3"]
+    offsets = await publish(writer, thread, batch, ids)
+
+    # The whole batch again: it opens a run and a message, which would break
+    # the rules if it were judged again; it is answered from the store.
+    assert await publish(writer, thread, batch, ids) == offsets
+    # Another writer (an agent that restarted, or another gateway) retrying.
+    other = ThreadWriter(stores.open())
+    assert await publish(other, thread, batch, ids) == offsets
+    assert len(await stored(store, thread)) == 3
+
+    # Partly known: the known events keep their offsets, the new ones are
+    # judged after them and appended.
+    more = [*batch, content("m1", "b"), end("m1")]
+    again = await publish(writer, thread, more, [*ids, "a4", "a5"])
+    assert again[:3] == offsets
+    assert increasing(again)
+    assert await stored(store, thread) == list(zip(again, more, [*ids, "a4", "a5"], strict=True))
+
+    # A partly known batch whose new part breaks the rules stores nothing new.
+    with pytest.raises(SequenceError):
+        await publish(writer, thread, [*more, content("m1", "late")], [*ids, "a4", "a5", "a6"])
+    assert len(await stored(store, thread)) == 5
+
+
+async def test_sequence_check_off_stores_what_strict_rejects(stores: Stores) -> None:
+    store = stores.open()
+    thread = new_thread()
+    out_of_order = content("m9", "repair")  # no run, no message started
+
+    with pytest.raises(SequenceError) as caught:
+        await publish(ThreadWriter(store), thread, [out_of_order])
+    assert caught.value.rule == "run_not_started"
+    assert await stored(store, thread) == []
+
+    relaxed = ThreadWriter(store, sequence=SequenceCheck.OFF)
+    offsets = await publish(relaxed, thread, [out_of_order, end("m8")], ["x1", "x2"])
+    assert await stored(store, thread) == [
+        (offsets[0], out_of_order, "x1"),
+        (offsets[1], end("m8"), "x2"),
+    ]
+    # Still idempotent, and still validated one event at a time.
+    assert await publish(relaxed, thread, [out_of_order], ["x1"]) == offsets[:1]
+    with pytest.raises(InvalidEvent):
+        await publish(relaxed, thread, [{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m9"}])
+    assert len(await stored(store, thread)) == 2
+
+
+async def test_a_second_writer_is_seen(stores: Stores) -> None:
+    thread = new_thread()
+    a_store, b_store = stores.open(), stores.open()
+    a, b = ThreadWriter(a_store), ThreadWriter(b_store)
+    # A has judged this thread before: it holds a verifier at its own last offset.
+    await publish(a, thread, [run_started(thread, "r1"), start("m1"), end("m1")])
+    await publish(a, thread, [run_finished(thread, "r1")])
+
+    # B starts a run and a message ...
+    await publish(b, thread, [run_started(thread, "r2"), start("m2")])
+    # ... and A, catching up, may send content for B's message and close it.
+    await publish(a, thread, [content("m2", "from A"), end("m2")])
+    # A knows the message is closed now, B learns it too:
+    with pytest.raises(SequenceError) as closed:
+        await publish(b, thread, [content("m2", "too late")])
+    assert closed.value.rule == "message_not_open"
+    await publish(b, thread, [run_finished(thread, "r2")])
+    # ... and A learns the run is over.
+    with pytest.raises(SequenceError) as over:
+        await publish(a, thread, [start("m3")])
+    assert over.value.rule == "run_already_finished"
+
+    events = await stored_events(a_store, thread)
+    assert [e["type"] for e in events] == [
+        "RUN_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+        "RUN_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    assert await stored_events(b_store, thread) == events
+
+
+async def test_a_trimmed_history_still_accepts_the_open_message(stores: Stores) -> None:
+    retention = Retention(max_len=5)
+    store = stores.open(retention)
+    thread = new_thread()
+    writer = ThreadWriter(store)
+    opening = [run_started(thread, "r1"), start("m1")]
+    await publish(writer, thread, [*opening, *(content("m1", f"d{i}") for i in range(8))])
+    info = await within(store.info(thread))
+    assert info is not None and info.length == 5 and info.trimmed is not None
+    assert [e["type"] for e in await stored_events(store, thread)] == ["TEXT_MESSAGE_CONTENT"] * 5
+
+    # The writer that wrote it goes on.
+    await publish(writer, thread, [content("m1", "same writer")])
+    # A fresh writer (a restarted gateway) no longer sees RUN_STARTED and
+    # TEXT_MESSAGE_START, yet accepts what continues them ...
+    fresh = ThreadWriter(stores.open(retention))
+    await publish(fresh, thread, [content("m1", f"fresh {i}") for i in range(6)])
+    await publish(fresh, thread, [end("m1")])
+    # ... while still judging what the kept events show: m1 is closed now.
+    with pytest.raises(SequenceError) as closed:
+        await publish(fresh, thread, [content("m1", "after the end")])
+    assert closed.value.rule == "message_not_open"
+
+    # The first writer's last event was trimmed by the fresh writer's appends
+    # meanwhile: it too goes on from what is stored (the run is still active).
+    assert "same writer" not in [e.get("delta") for e in await stored_events(store, thread)]
+    await publish(writer, thread, [start("m2"), content("m2", "old writer")])
+    with pytest.raises(SequenceError) as still_closed:
+        await publish(writer, thread, [content("m1", "old writer, after the end")])
+    assert still_closed.value.rule == "message_not_open"
+    await publish(fresh, thread, [end("m2"), run_finished(thread, "r1")])
+
+    assert await stored_events(store, thread) == [
+        end("m1"),
+        start("m2"),
+        content("m2", "old writer"),
+        end("m2"),
+        run_finished(thread, "r1"),
+    ]
+
+
+async def test_a_trimmed_history_accepts_a_message_opened_before_the_window(
+    stores: Stores,
+) -> None:
+    retention = Retention(max_len=5)
+    store = stores.open(retention)
+    thread = new_thread()
+    writer = ThreadWriter(store)
+    # m1 opens, then m2 streams so much that nothing of m1 is kept.
+    events = [run_started(thread, "r1"), start("m1"), content("m1", "a"), start("m2")]
+    await publish(writer, thread, [*events, *(content("m2", f"d{i}") for i in range(8))])
+    assert {e["messageId"] for e in await stored_events(store, thread)} == {"m2"}
+
+    # The writer that wrote it knows m1 is open (and m2 pushes that out again):
+    await publish(writer, thread, [content("m1", "b"), *(content("m2", f"e{i}") for i in range(5))])
+    assert {e["messageId"] for e in await stored_events(store, thread)} == {"m2"}
+    # A restarted writer cannot know, and should give the producer the benefit
+    # of the doubt as it does for m2: m1 may have been opened in the trimmed part.
+    fresh = ThreadWriter(stores.open(retention))
+    await publish(fresh, thread, [content("m2", "more")])  # accepted (kept in the window)
+    await publish(fresh, thread, [content("m1", "c"), end("m1")])
+    # Taken on trust, not tracked: it does not hold up the end of the run.
+    await publish(fresh, thread, [end("m2"), run_finished(thread, "r1")])
+    assert (await stored_events(store, thread))[-4:] == [
+        content("m1", "c"),
+        end("m1"),
+        end("m2"),
+        run_finished(thread, "r1"),
+    ]
+
+
+async def test_a_checkpoint_makes_a_trimmed_history_exact(stores: Stores) -> None:
+    """With a checkpoint of the folded thread, a fresh writer knows what was opened."""
+    retention = Retention(max_len=5)
+    store = stores.open(retention)
+    thread = new_thread()
+    writer = ThreadWriter(store)
+    events = [run_started(thread, "r1"), start("m1"), content("m1", "a"), start("m2")]
+    offsets = await publish(writer, thread, events)
+    # What a gateway serving the thread stores: its folded state at an offset.
+    state = ThreadState()
+    for event in events:
+        state.apply(event)
+    epoch = await within(store.epoch(thread))
+    assert epoch is not None
+    checkpoint = Checkpoint(offsets[-1], epoch, msgpack.packb(state.compact()), True)
+    await within(store.put_checkpoint(thread, checkpoint))
+    await publish(writer, thread, [content("m2", f"d{i}") for i in range(4)])
+    assert {e["messageId"] for e in await stored_events(store, thread)} == {"m2"}
+
+    fresh = ThreadWriter(stores.open(retention))
+    await publish(fresh, thread, [content("m1", "b")])  # m1 is open: the checkpoint says so
+    with pytest.raises(SequenceError) as never:
+        await publish(fresh, thread, [content("m7")])  # and m7 never was
+    assert never.value.rule == "message_not_open"
+    with pytest.raises(SequenceError) as still_open:
+        await publish(fresh, thread, [run_finished(thread, "r1")])
+    assert "m1" in str(still_open.value)
+    await publish(fresh, thread, [end("m1"), end("m2"), run_finished(thread, "r1")])
+
+
+class GatedAppends:
+    """A real store whose next append waits until :attr:`gate` is set.
+
+    Used to run one writer's whole publish between another writer's read
+    and its append, deterministically (the same interleaving two processes
+    get by chance).
+    """
+
+    def __init__(self, store: ThreadStore) -> None:
+        self.store = store
+        self.waiting = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+        self.waiting.set()
+        await self.gate.wait()
+        return await self.store.append(thread, events)
+
+
+async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores) -> None:
+    thread = new_thread()
+    a_store = stores.open()
+    gated = GatedAppends(stores.open())
+    a, b = ThreadWriter(a_store), ThreadWriter(cast(ThreadStore, gated))
+    gated.gate.set()
+    await publish(b, thread, [run_started(thread, "r1")])
+    gated.gate.clear()
+    gated.waiting.clear()
+
+    # B has read the thread and waits to append m2's start; A meanwhile
+    # publishes m1's start (both are valid at that instant).
+    b_publish = asyncio.create_task(b.publish(thread, [start("m2")]))
+    await within(gated.waiting.wait())
+    await publish(a, thread, [start("m1")])
+    gated.gate.set()
+    await within(b_publish)
+    assert [e.get("messageId") for e in await stored_events(a_store, thread)] == [
+        None,
+        "m1",
+        "m2",
+    ]
+
+    # After the race both writers should know that m1 and m2 are open.
+    await publish(a, thread, [content("m2", "A writes to m2")])
+    await publish(b, thread, [content("m1", "B writes to m1")])
+
+
+async def test_a_batch_with_a_repeated_id_is_not_half_stored(stores: Stores) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    batch = [run_started(thread, "r1"), start("m1"), end("m1")]
+    try:
+        offsets = await publish(writer, thread, batch, ["a", "b", "b"])
+    except ValueError:
+        assert await stored(store, thread) == []  # rejected as a whole: fine
+        return
+    # Accepted: then each returned offset must hold the event it was returned for.
+    by_offset = {offset: event for offset, event, _ in await stored(store, thread)}
+    assert [by_offset.get(offset) for offset in offsets] == batch
