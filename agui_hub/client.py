@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
@@ -98,6 +99,7 @@ StartFrom = Literal["live", "start", "snapshot"] | Position
 :class:`Position` (see docs/protocol.md, subscribe)."""
 
 DEFAULT_MAX_QUEUE = 10_000
+_LONGEST_ID = 2**63 - 1
 NO_RESUME = {CloseCode.NORMAL, CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN}
 
 
@@ -110,8 +112,9 @@ class Subscribed:
 
     ``recovered`` is ``False`` when events after the client's position could
     not all be delivered (trimmed, or the thread was re-created): a
-    :class:`Snapshot` follows. ``resumed`` is ``True`` for the
-    resubscriptions after a reconnect; ``offset`` is the thread's newest offset
+    :class:`Snapshot` follows. ``resumed`` is ``True`` for every
+    resubscription after the first (after a reconnect, or after the consumer
+    fell behind its queue); ``offset`` is the thread's newest offset
     at that moment and ``epoch`` its epoch (``None`` while it has no events).
     """
 
@@ -222,6 +225,7 @@ class Subscription:
         # and whether frames were dropped because the queue was full.
         self._received: Position | None = self.position
         self._awaiting: int | None = None
+        self._sent_on: object | None = None  # the connection the last subscribe went to
         self._subscribed_once = False
         self._lagged = False
 
@@ -286,7 +290,16 @@ class Subscription:
                 self.state = ThreadState()
                 self._fold(item.events)
             if self._expander is not None:
+                # The snapshot reopens chunk streams with chunks: expanding them
+                # gives the consumer START events and the expander its lanes.
                 self._expander = ChunkExpander(self.thread)
+                events: list[dict[str, Any]] = []
+                for event in item.events:
+                    try:
+                        events += self._expander.expand(event)
+                    except ProtocolError:
+                        events.append(event)
+                item = dataclasses.replace(item, events=events)
         elif isinstance(item, ThreadEvent):
             if self.state is not None:
                 self._fold((item.event,))
@@ -485,6 +498,7 @@ class HubClient:
         """The close code of the last lost connection (``None`` before any)."""
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
+        self._stopped = asyncio.Event()  # set when the client closed or gave up
         self._task: asyncio.Task[None] | None = None
         self._subs: dict[str, Subscription] = {}
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -520,6 +534,7 @@ class HubClient:
             return
         self.state = ClientState.CLOSED
         self._connected.clear()
+        self._stopped.set()
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 await self._ws.close()
@@ -602,7 +617,9 @@ class HubClient:
         if ids is None:
             ids = self.new_event_ids(len(wires))
         command = {"type": "publish", "thread": thread, "events": wires, "eventIds": ids}
-        size = len(encode({**command, "id": 0}, self.encoding))
+        # Measured with the longest id this client could send: the gateway closes
+        # the whole connection (1009) for a frame over its limit.
+        size = len(encode({**command, "id": _LONGEST_ID}, self.encoding))
         if size > self.max_frame_bytes:
             raise PayloadTooLarge(size, self.max_frame_bytes)
         limit = timeout if timeout is not None else self.give_up_after
@@ -671,8 +688,16 @@ class HubClient:
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:
                 raise HubUnreachable(f"no connection to {self.url} in time")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._connected.wait(), remaining)
+            # Woken by a connection, or by the client closing or giving up.
+            waiters = [
+                asyncio.ensure_future(self._connected.wait()),
+                asyncio.ensure_future(self._stopped.wait()),
+            ]
+            try:
+                await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
 
     async def _send(self, ws: ClientConnection, frame: dict[str, Any]) -> None:
         data = encode(frame, self.encoding)
@@ -695,9 +720,11 @@ class HubClient:
         if self._subs.get(sub.thread) not in (None, sub):
             raise ValueError(f"already subscribed to thread {sub.thread!r} on this client")
         self._subs[sub.thread] = sub
-        if self._connected.is_set() and self._ws is not None:
+        ws = self._ws
+        if self._connected.is_set() and ws is not None and sub._sent_on is not ws:
+            sub._sent_on = ws  # before the await: the connection task must not send it too
             with contextlib.suppress(ConnectionClosed):  # resubscribed after reconnecting
-                await self._send(self._ws, sub._subscribe_command(next(self._ids)))
+                await self._send(ws, sub._subscribe_command(next(self._ids)))
 
     async def _remove(self, sub: Subscription) -> None:
         if self._subs.get(sub.thread) is not sub:
@@ -811,7 +838,9 @@ class HubClient:
         """Resubscribe every thread, then dispatch frames until the connection closes."""
         try:
             for sub in list(self._subs.values()):
-                await self._send(ws, sub._subscribe_command(next(self._ids)))
+                if sub._sent_on is not ws and self._subs.get(sub.thread) is sub:
+                    sub._sent_on = ws
+                    await self._send(ws, sub._subscribe_command(next(self._ids)))
             async for data in ws:
                 try:
                     frame = decode(data, self.encoding, max_size=None)
@@ -870,6 +899,7 @@ class HubClient:
     def _fail_all(self, error: AguiHubError) -> None:
         self._failure = error
         self._connected.clear()
+        self._stopped.set()
         self._fail_pending(error)
         for sub in self._subs.values():
             sub._fail(error)

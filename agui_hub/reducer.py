@@ -179,16 +179,30 @@ class ThreadState:
         ]
 
     def _reopen(self) -> list[dict[str, Any]]:
+        # A stream that chunks opened is reopened by a chunk (without content),
+        # so that the chunks that continue it, which may leave out its id, still
+        # find it. Last, since other events may end a chunk stream.
+        chunked = set(self._chunks.open_streams.values())
         out: list[dict[str, Any]] = [dict(started) for started in self.active_subagents.values()]
+        chunks: list[dict[str, Any]] = []
         out += [{"type": "STEP_STARTED", **attrs} for attrs in self.open_steps.values()]
         out += [{"type": "REASONING_START", **a} for a in self.open_reasoning_spans.values()]
-        out += [{"type": "TEXT_MESSAGE_START", **a} for a in self.open_messages.values()]
-        out += [{"type": "TOOL_CALL_START", **a} for a in self.open_tool_calls.values()]
-        out += [
-            {"type": "REASONING_MESSAGE_START", **a, "role": "reasoning"}
-            for a in self.open_reasoning_messages.values()
-        ]
-        return out
+        for kind, opener, chunk, key, open_now in (
+            ("text", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CHUNK", "messageId", self.open_messages),
+            ("tool", "TOOL_CALL_START", "TOOL_CALL_CHUNK", "toolCallId", self.open_tool_calls),
+            ("reasoning", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CHUNK", "messageId",
+             self.open_reasoning_messages),
+        ):  # fmt: skip
+            for attrs in open_now.values():
+                event = {"type": opener, **attrs}
+                if kind == "reasoning":
+                    event["role"] = "reasoning"
+                if (kind, attrs.get(key)) in chunked:
+                    event["type"] = chunk
+                    chunks.append(event)
+                else:
+                    out.append(event)
+        return out + chunks
 
     def _close_everything(self) -> None:
         self.open_messages.clear()

@@ -1,0 +1,1702 @@
+"""agui_hub.client against real gateways on 127.0.0.1 (docs/protocol.md).
+
+Every test starts in-process :class:`Gateway` instances on loopback ports,
+connects :class:`HubClient` objects over real WebSockets (msgpack and JSON)
+and checks what the subscriptions yield item by item: the ``Subscribed`` /
+``Snapshot`` / ``ThreadEvent`` items, the ``position`` after each, resumes
+after lost connections and restarted gateways (no loss, no duplicate), the
+client-side queue bound, chunk expansion, folded state, publishing and the
+errors. Stores: the memory store and a RedisStore on the session
+redis-server, under a key prefix of the test's own. Events are published
+either through a client or with a :class:`ThreadWriter` straight into the
+store, so that they keep coming while a gateway is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgpack
+import pytest
+
+from agui_hub.client import (
+    ClientState,
+    HubClient,
+    Item,
+    Position,
+    Snapshot,
+    Subscribed,
+    Subscription,
+    ThreadEvent,
+)
+from agui_hub.errors import (
+    ClientError,
+    CommandRejected,
+    ConnectionRejected,
+    HubUnreachable,
+    InvalidEvent,
+    PayloadTooLarge,
+    SequenceError,
+)
+from agui_hub.memory_store import MemoryStore
+from agui_hub.offsets import offset_key
+from agui_hub.protocol import CloseCode
+from agui_hub.redis_store import RedisStore
+from agui_hub.reducer import fold
+from agui_hub.sequence import SequenceVerifier
+from agui_hub.server import Action, Connection, ConnectionState, Gateway, GatewayConfig, Principal
+from agui_hub.store import Retention, ThreadStore
+from agui_hub.writer import ThreadWriter
+
+from .conftest import TIMEOUT_SCALE, RedisServer, free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT = 10 * TIMEOUT_SCALE
+"""Longest wait for any one thing to arrive."""
+ENCODINGS = ["msgpack", "json"]
+
+Event = dict[str, Any]
+
+
+# -- event streams ------------------------------------------------------------------------
+
+
+def run_events(thread: str, run: str, *, turns: int = 2, deltas: int = 12) -> list[Event]:
+    """One agent run: text messages, tool calls with results, state deltas."""
+    events: list[Event] = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": run},
+        {"type": "STATE_SNAPSHOT", "snapshot": {"progress": 0, "notes": [], "run": run}},
+    ]
+    for turn in range(turns):
+        message, call = f"{run}-m{turn}", f"{run}-tc{turn}"
+        events.append({"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"})
+        events += [
+            {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": f"tök{k}✓ "}
+            for k in range(deltas)
+        ]
+        events.append({"type": "TEXT_MESSAGE_END", "messageId": message})
+        events.append(
+            {
+                "type": "TOOL_CALL_START",
+                "toolCallId": call,
+                "toolCallName": "search",
+                "parentMessageId": message,
+            }
+        )
+        events += [
+            {"type": "TOOL_CALL_ARGS", "toolCallId": call, "delta": f'{{"q{k}": "é{k}"}}'}
+            for k in range(4)
+        ]
+        events.append({"type": "TOOL_CALL_END", "toolCallId": call})
+        events.append(
+            {
+                "type": "TOOL_CALL_RESULT",
+                "messageId": f"{run}-r{turn}",
+                "toolCallId": call,
+                "content": f"result {turn}",
+            }
+        )
+        events.append(
+            {
+                "type": "STATE_DELTA",
+                "delta": [
+                    {"op": "replace", "path": "/progress", "value": turn + 1},
+                    {"op": "add", "path": "/notes/-", "value": f"note {turn}"},
+                ],
+            }
+        )
+    events.append(
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": run, "result": {"turns": turns}}
+    )
+    return events
+
+
+def opening(thread: str, run: str, message: str) -> list[Event]:
+    return [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": run},
+        {"type": "STATE_SNAPSHOT", "snapshot": {"n": 0}},
+        {"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"},
+    ]
+
+
+def deltas(message: str, count: int, *, start: int = 0, size: int = 0) -> list[Event]:
+    pad = "x" * size
+    return [
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": f"w{i} {pad}"}
+        for i in range(start, start + count)
+    ]
+
+
+def folded(events: list[Event], base: list[Event] | None = None) -> tuple[Any, Any]:
+    """What a viewer shows after folding *events* (after *base*): (messages, state)."""
+    result = fold(events, fold(base) if base is not None else None)
+    return result.messages, result.state
+
+
+def strictly_increasing(offsets: list[str]) -> bool:
+    keys = [offset_key(o) for o in offsets]
+    return all(a < b for a, b in itertools.pairwise(keys))
+
+
+def thread_events(items: list[Item]) -> list[tuple[str, Event]]:
+    return [(i.offset, i.event) for i in items if isinstance(i, ThreadEvent)]
+
+
+def of_kind(items: list[Item], kind: type[Any]) -> list[Any]:
+    return [i for i in items if isinstance(i, kind)]
+
+
+# -- reading subscriptions --------------------------------------------------------------------
+
+
+class Reader:
+    """Iterates one subscription in a task; keeps every item and the position after it.
+
+    With *pace*, it sleeps that long every 16 items (a slowish consumer).
+    ``close_codes`` has the client's last close code at each resumed ``Subscribed``.
+    """
+
+    def __init__(self, sub: Subscription, *, pace: float = 0.0) -> None:
+        self.sub = sub
+        self.pace = pace
+        self.items: list[Item] = []
+        self.positions: list[Position | None] = []
+        self.close_codes: list[int | None] = []
+        self.error: BaseException | None = None
+        self.ended = False
+        self._changed = asyncio.Event()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for item in self.sub:
+                self.items.append(item)
+                self.positions.append(self.sub.position)
+                if isinstance(item, Subscribed) and item.resumed:
+                    self.close_codes.append(self.sub.client.close_code)
+                self._changed.set()
+                if self.pace and len(self.items) % 16 == 0:
+                    await asyncio.sleep(self.pace)
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self.ended = True
+            self._changed.set()
+
+    async def until(self, done: Callable[[list[Item]], bool], timeout: float = WAIT) -> None:
+        """Wait until *done(items)* holds; fail if the subscription ends or errs first."""
+        async with asyncio.timeout(timeout):
+            while not done(self.items):
+                if self.ended:
+                    raise AssertionError(f"subscription ended ({self.error!r}) before: "
+                                         f"{self.items[-3:]}")  # fmt: skip
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def until_offset(self, offset: str, timeout: float = WAIT) -> None:
+        target = offset_key(offset)
+        await self.until(
+            lambda items: any(
+                isinstance(i, ThreadEvent) and offset_key(i.offset) >= target for i in items
+            ),
+            timeout,
+        )
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def take(sub: Subscription, count: int, timeout: float = WAIT) -> list[tuple[Item, Any]]:
+    """The next *count* items of *sub*, each with the position after it."""
+    out: list[tuple[Item, Any]] = []
+    async with asyncio.timeout(timeout):
+        for _ in range(count):
+            item = await anext(sub)
+            out.append((item, sub.position))
+    return out
+
+
+async def take_until_offset(
+    sub: Subscription, offset: str, timeout: float = WAIT, limit: int = 100_000
+) -> list[tuple[Item, Any]]:
+    """Items of *sub* (with positions) up to the event at *offset*, inclusive.
+
+    With chunk expansion an offset can yield several items; the position
+    moves past it with the last of them.
+    """
+    out: list[tuple[Item, Any]] = []
+    async with asyncio.timeout(timeout):
+        for _ in range(limit):
+            item = await anext(sub)
+            out.append((item, sub.position))
+            reached = sub.position is not None and sub.position.offset == offset
+            if isinstance(item, ThreadEvent) and item.offset == offset and reached:
+                return out
+    raise AssertionError(f"offset {offset} not reached within {limit} items")
+
+
+# -- gateways, stores, clients ------------------------------------------------------------------
+
+
+class Env:
+    """Stores, gateways, writers and clients of one test, all torn down at its end.
+
+    ``kind`` is ``"memory"`` (one MemoryStore shared by every gateway of the
+    test, as a restarted in-process gateway would keep it) or ``"redis"`` (a
+    RedisStore per gateway / writer, all under one key prefix).
+    """
+
+    def __init__(self, kind: str, redis_url: str | None) -> None:
+        self.kind = kind
+        self.redis_url = redis_url
+        self.prefix = f"test-client-{uuid.uuid4().hex}"
+        self.retention = Retention()
+        self._memory: MemoryStore | None = None
+        self.stores: list[ThreadStore] = []
+        self.gateways: list[Gateway] = []
+        self.clients: list[HubClient] = []
+
+    def store(self) -> ThreadStore:
+        """A handle on this test's store (a new connection for Redis)."""
+        if self.kind == "memory":
+            if self._memory is None:
+                self._memory = MemoryStore(retention=self.retention)
+            return self._memory
+        assert self.redis_url is not None
+        store = RedisStore(self.redis_url, prefix=self.prefix, retention=self.retention)
+        self.stores.append(store)
+        return store
+
+    def writer(self) -> ThreadWriter:
+        """Publishes straight into the store (works while no gateway runs)."""
+        return ThreadWriter(self.store())
+
+    async def gateway(self, port: int = 0, authorizer: Any = None, **config: Any) -> Gateway:
+        config.setdefault("ping_interval", None)
+        gateway = Gateway(
+            GatewayConfig(host="127.0.0.1", port=port, **config),
+            store=self.store(),
+            authorizer=authorizer,
+        )
+        await asyncio.wait_for(gateway.start(), WAIT)
+        self.gateways.append(gateway)
+        return gateway
+
+    async def client(
+        self, gateway: Gateway | int, encoding: str = "msgpack", **kwargs: Any
+    ) -> HubClient:
+        port = gateway if isinstance(gateway, int) else gateway.config.port
+        kwargs.setdefault("open_timeout", WAIT)
+        client = HubClient(f"ws://127.0.0.1:{port}", encoding=encoding, **kwargs)
+        self.clients.append(client)
+        await asyncio.wait_for(client.connect(), WAIT)
+        return client
+
+    async def close(self) -> None:
+        for client in self.clients:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), WAIT)
+        for gateway in self.gateways:
+            if not gateway._draining:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(gateway.drain(), WAIT)
+        for store in self.stores:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.close(), WAIT)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    redis_url = None
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        redis_url = server.url
+    e = Env(request.param, redis_url)
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+@pytest.fixture
+async def mem() -> AsyncIterator[Env]:
+    """The memory store only, for what does not depend on the store."""
+    e = Env("memory", None)
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+@pytest.fixture
+async def redis_env(redis_server: RedisServer) -> AsyncIterator[Env]:
+    e = Env("redis", redis_server.url)
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+def server_connection(gateway: Gateway, client: HubClient) -> Connection:
+    """The gateway's side of *client*'s current connection."""
+    assert client._ws is not None
+    port = client._ws.local_address[1]
+    (conn,) = [
+        c
+        for c in gateway.connections
+        if c.ws.remote_address[1] == port  # type: ignore[index]
+    ]
+    return conn
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = WAIT) -> None:
+    """Poll *condition* until it holds (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def publish_all(
+    writer: ThreadWriter, thread: str, events: list[Event], *, batch: int = 25
+) -> list[str]:
+    offsets: list[str] = []
+    tag = uuid.uuid4().hex[:8]
+    for i in range(0, len(events), batch):
+        chunk = events[i : i + batch]
+        ids = [f"{tag}-{i + j}" for j in range(len(chunk))]
+        offsets += await writer.publish(thread, chunk, ids)
+    return offsets
+
+
+class Recorder:
+    """An Authorizer that allows everything and records every decision it was asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Action, str | None]] = []
+
+    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+        self.calls.append((action, thread))
+        return True
+
+    def publishes(self) -> list[str | None]:
+        return [thread for action, thread in self.calls if action is Action.PUBLISH]
+
+
+# -- 1. subscribe: live, start, snapshot, from a position ----------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_subscribe_modes_yield_exact_items_and_positions(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    writer = env.writer()
+    thread = "modes"
+    history = run_events(thread, "r1")
+    offsets = await publish_all(writer, thread, history)
+    assert len(offsets) == len(history) and strictly_increasing(offsets)
+    epoch = await gateway.store.epoch(thread)
+    assert isinstance(epoch, str) and epoch
+    last = offsets[-1]
+    k = 17  # resume after the 18th event
+
+    starts: dict[str, Any] = {
+        "live": "live",
+        "start": "start",
+        "snapshot": "snapshot",
+        "position": Position(offsets[k], epoch),
+    }
+    clients = {mode: await env.client(gateway, encoding) for mode in starts}
+    subs = {mode: clients[mode].subscribe(thread, start) for mode, start in starts.items()}
+    async with contextlib.AsyncExitStack() as stack:
+        for sub in subs.values():
+            await stack.enter_async_context(sub)
+        # The reply comes first, with the thread's newest offset and epoch.
+        first = {mode: await take(sub, 1) for mode, sub in subs.items()}
+        for mode, [(item, position)] in first.items():
+            assert item == Subscribed(thread, epoch, last, recovered=True, resumed=False), mode
+            assert subs[mode].recovered is True
+            expected_position = {
+                "live": Position(last, epoch),
+                "start": Position("0-0", epoch),
+                "snapshot": None,  # the snapshot that follows sets it
+                "position": Position(offsets[k], epoch),
+            }[mode]
+            assert position == expected_position, mode
+
+        # What comes before the live tail.
+        got = await take(subs["start"], len(history))
+        assert thread_events([i for i, _ in got]) == list(zip(offsets, history, strict=True))
+        assert [p for _, p in got] == [Position(o, epoch) for o in offsets]
+        got = await take(subs["position"], len(history) - k - 1)
+        assert thread_events([i for i, _ in got]) == list(
+            zip(offsets[k + 1 :], history[k + 1 :], strict=True)
+        )
+        assert [p for _, p in got] == [Position(o, epoch) for o in offsets[k + 1 :]]
+        [(snap, position)] = await take(subs["snapshot"], 1)
+        assert isinstance(snap, Snapshot)
+        assert (snap.thread, snap.offset, snap.epoch, snap.complete) == (thread, last, epoch, True)
+        assert len(snap.events) < len(history) // 4  # compact, not a replay
+        assert folded(snap.events) == folded(history)
+        assert position == Position(last, epoch)
+
+        # The live tail reaches every mode, with strictly increasing offsets.
+        tail = run_events(thread, "r2", turns=1)
+        tail_offsets = await publish_all(writer, thread, tail, batch=7)
+        assert offset_key(last) < offset_key(tail_offsets[0])
+        for mode, sub in subs.items():
+            got = await take(sub, len(tail))
+            items = [i for i, _ in got]
+            assert all(isinstance(i, ThreadEvent) and i.thread == thread for i in items), mode
+            assert thread_events(items) == list(zip(tail_offsets, tail, strict=True)), mode
+            assert [p for _, p in got] == [Position(o, epoch) for o in tail_offsets], mode
+            assert sub.position == Position(tail_offsets[-1], epoch)
+
+        conns = {mode: server_connection(gateway, c) for mode, c in clients.items()}
+        assert all(conn.threads == {thread} for conn in conns.values())
+
+    # Leaving the block unsubscribed: the gateway's connections no longer have the thread.
+    for mode, client in clients.items():
+        await asyncio.wait_for(client.ping(), WAIT)  # commands are handled in order
+        assert conns[mode].threads == set(), mode
+        assert conns[mode].state is ConnectionState.OPEN
+    await wait_for(lambda: thread not in gateway.hub.channels)
+    # The subscriptions are over, and the thread can be subscribed again.
+    for sub in subs.values():
+        async with asyncio.timeout(WAIT):
+            assert [item async for item in sub] == []
+    again = clients["live"].subscribe(thread)
+    async with again:
+        [(item, _)] = await take(again, 1)
+        assert item == Subscribed(thread, epoch, tail_offsets[-1], recovered=True, resumed=False)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_subscribe_before_the_thread_exists(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    client = await env.client(gateway, encoding)
+    thread = "not-yet"
+    subs = {
+        "live": client.subscribe(thread, "live"),
+        "start": (await env.client(gateway, encoding)).subscribe(thread, "start"),
+        "snapshot": (await env.client(gateway, encoding)).subscribe(thread, "snapshot"),
+    }
+    for mode, sub in subs.items():
+        await sub.open()
+        [(item, position)] = await take(sub, 1)
+        assert item == Subscribed(thread, None, "0-0", recovered=True, resumed=False), mode
+        if mode == "snapshot":
+            [(snap, position)] = await take(sub, 1)
+            assert isinstance(snap, Snapshot)
+            assert (snap.offset, snap.epoch) == ("0-0", None)
+            assert folded(snap.events) == folded([])
+        assert position == Position("0-0", None), mode
+
+    writer = env.writer()
+    events = run_events(thread, "r1", turns=1)
+    offsets = await publish_all(writer, thread, events, batch=9)
+    epoch = await gateway.store.epoch(thread)
+    assert epoch
+    for mode, sub in subs.items():
+        got = await take(sub, len(events) + 1)
+        # The first event created the epoch: announced before the events.
+        (announce, position), *rest = got
+        assert isinstance(announce, Subscribed), mode
+        assert (announce.thread, announce.epoch, announce.recovered, announce.resumed) == (
+            thread,
+            epoch,
+            True,
+            False,
+        )
+        assert position == Position("0-0", epoch), mode
+        assert thread_events([i for i, _ in rest]) == list(zip(offsets, events, strict=True))
+        assert [p for _, p in rest] == [Position(o, epoch) for o in offsets]
+        await sub.close()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_position_carries_over_to_another_client(mem: Env, encoding: str) -> None:
+    gateway = await mem.gateway()
+    writer = mem.writer()
+    thread = "handover"
+    events = run_events(thread, "r1", turns=2)
+    offsets = await publish_all(writer, thread, events)
+    first = await mem.client(gateway, encoding)
+    async with first.subscribe(thread, "start") as sub:
+        got = await take(sub, 1 + 30)
+        kept = sub.position
+    assert kept == Position(offsets[29], await gateway.store.epoch(thread))
+    assert isinstance(kept, Position)
+    await first.close()
+
+    # Stored as JSON, picked up by another process: exactly the rest.
+    restored = Position.from_json(kept.to_json())
+    second = await mem.client(gateway, "json" if encoding == "msgpack" else "msgpack")
+    async with second.subscribe(thread, restored) as sub:
+        more = await take(sub, 1 + len(events) - 30)
+    assert isinstance(more[0][0], Subscribed) and more[0][0].recovered is True
+    seen = thread_events([i for i, _ in got + more])
+    assert seen == list(zip(offsets, events, strict=True))
+
+
+# -- 2. resume after lost connections, while a publisher keeps publishing -------------------------
+
+
+class Feeder:
+    """Publishes one long message into a thread in small batches, in a task."""
+
+    def __init__(
+        self,
+        writer: ThreadWriter,
+        thread: str,
+        *,
+        batches: int,
+        size: int = 5,
+        pause: float = 0.005,
+        pad: int = 0,
+    ) -> None:
+        self.writer = writer
+        self.thread = thread
+        self.events: list[Event] = []
+        self.offsets: list[str] = []
+        self.batches = batches
+        self.size = size
+        self.pause = pause
+        self.pad = pad
+        self.tag = uuid.uuid4().hex[:8]
+        self.task: asyncio.Task[None] | None = None
+
+    async def begin(self) -> None:
+        """Publish the opening events (the run, a message)."""
+        await self._publish([*opening(self.thread, "r1", "m1")])
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    async def _publish(self, batch: list[Event]) -> None:
+        base = len(self.events)
+        ids = [f"{self.tag}-{base + j}" for j in range(len(batch))]
+        self.offsets += await self.writer.publish(self.thread, batch, ids)
+        self.events += batch
+
+    async def _run(self) -> None:
+        for i in range(self.batches):
+            await self._publish(deltas("m1", self.size, start=i * self.size, size=self.pad))
+            await asyncio.sleep(self.pause)
+        await self._publish(
+            [
+                {"type": "TEXT_MESSAGE_END", "messageId": "m1"},
+                {"type": "STATE_SNAPSHOT", "snapshot": {"n": len(self.events)}},
+                {"type": "RUN_FINISHED", "threadId": self.thread, "runId": "r1"},
+            ]
+        )
+
+    async def finished(self) -> None:
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 3 * WAIT)
+
+    def everything(self) -> list[tuple[str, Event]]:
+        return list(zip(self.offsets, self.events, strict=True))
+
+
+def check_resumed_stream(
+    items: list[Item], feeder: Feeder, epoch: str, *, subscribes: int
+) -> list[Subscribed]:
+    """Every event exactly once, in order; the resubscriptions recovered everything."""
+    assert thread_events(items) == feeder.everything()
+    subscribed = of_kind(items, Subscribed)
+    assert of_kind(items, Snapshot) == []
+    assert subscribed[0].resumed is False and subscribed[0].recovered is True
+    resumes = subscribed[1:]
+    assert len(resumes) >= subscribes
+    for item in resumes:
+        assert (item.resumed, item.recovered, item.epoch) == (True, True, epoch)
+    return resumes
+
+
+DROPS: dict[str, Callable[[Connection], None]] = {
+    "1012": lambda conn: conn.close_soon(CloseCode.SERVICE_RESTART, "restart"),
+    "4000": lambda conn: conn.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer"),
+    "1011": lambda conn: conn.close_soon(CloseCode.INTERNAL_ERROR, "internal error"),
+    "abort": lambda conn: conn.ws.transport.abort(),
+}
+
+
+@pytest.mark.parametrize("how", list(DROPS))
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_resume_after_the_gateway_drops_the_connection(
+    env: Env, encoding: str, how: str
+) -> None:
+    gateway = await env.gateway()
+    thread = "dropped"
+    feeder = Feeder(env.writer(), thread, batches=60)
+    await feeder.begin()
+    epoch = await gateway.store.epoch(thread)
+    client = await env.client(gateway, encoding, backoff_min=0.02, backoff_max=0.2)
+    sub = client.subscribe(thread, "start", state=True)
+    reader = Reader(await sub.open())
+    await reader.until_offset(feeder.offsets[-1])
+    feeder.start()
+
+    drops = 3
+    for n in range(1, drops + 1):
+        # Drop the connection mid-stream, while events keep coming.
+        seen = len(thread_events(reader.items))
+        await reader.until(lambda items, seen=seen: len(thread_events(items)) >= seen + 20)
+        conn = server_connection(gateway, client)
+        assert feeder.task is not None and not feeder.task.done()  # still publishing
+        DROPS[how](conn)
+        await reader.until(lambda items, n=n: len(of_kind(items, Subscribed)) > n)
+        assert client.reconnects == n
+        assert client.close_code == (1006 if how == "abort" else int(how))
+        assert client.state is ClientState.OPEN
+    await feeder.finished()
+    await reader.until_offset(feeder.offsets[-1])
+    assert len(feeder.events) > 300
+
+    check_resumed_stream(reader.items, feeder, epoch, subscribes=drops)
+    assert sub.position == Position(feeder.offsets[-1], epoch)
+    assert sub.state is not None
+    assert (sub.state.messages, sub.state.state) == folded(feeder.events)
+    await reader.stop()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_resume_across_a_gateway_restart_on_the_same_port(env: Env, encoding: str) -> None:
+    port = free_port()  # not ephemeral: see conftest.free_port
+    gateway = await env.gateway(port)
+    thread = "restarted"
+    feeder = Feeder(env.writer(), thread, batches=80, pause=0.01)
+    await feeder.begin()
+    epoch = await gateway.store.epoch(thread)
+    client = await env.client(port, encoding, backoff_min=0.05, backoff_max=0.3)
+    viewer = await env.client(port, "json" if encoding == "msgpack" else "msgpack")
+    reader = Reader(await client.subscribe(thread, "live", state=True).open())
+    other = Reader(await viewer.subscribe(thread, "start").open())
+    await reader.until(lambda items: len(items) >= 1)
+    feeder.start()
+    await reader.until(lambda items: len(thread_events(items)) >= 40)
+
+    # The whole gateway goes away; events keep being stored meanwhile.
+    await asyncio.wait_for(gateway.drain(), WAIT)
+    await wait_for(lambda: not client.connected)
+    assert client.close_code == CloseCode.SERVICE_RESTART
+    offsets_when_stopped = len(feeder.offsets)
+    await asyncio.sleep(0.3)
+    assert client.state is ClientState.RECONNECTING
+    assert len(feeder.offsets) > offsets_when_stopped + 5
+    # A new gateway on the same port over the same store: the clients come back by themselves.
+    assert feeder.task is not None and not feeder.task.done()
+    await env.gateway(port)
+    await feeder.finished()
+    await reader.until_offset(feeder.offsets[-1])
+    await other.until_offset(feeder.offsets[-1])
+    assert client.reconnects == 1 and viewer.reconnects == 1
+    assert client.state is ClientState.OPEN
+
+    # "live" from the first event on: the opening events are not in it.
+    items = reader.items
+    first_event = next(i for i in items if isinstance(i, ThreadEvent))
+    start = feeder.offsets.index(first_event.offset)
+    assert start == 3
+    assert thread_events(items) == feeder.everything()[start:]
+    (resumed,) = of_kind(items, Subscribed)[1:]
+    assert (resumed.resumed, resumed.recovered, resumed.epoch) == (True, True, epoch)
+    assert of_kind(items, Snapshot) == []
+    check_resumed_stream(other.items, feeder, epoch, subscribes=1)
+    sub = reader.sub
+    assert sub.position == Position(feeder.offsets[-1], epoch)
+    assert sub.state is not None
+    # Its state: the fold of the events it saw (the opening was before it subscribed).
+    assert (sub.state.messages, sub.state.state) == folded([e for _, e in thread_events(items)])
+    await reader.stop()
+    await other.stop()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_slow_consumer_closed_with_4000_resumes_without_loss(env: Env, encoding: str) -> None:
+    # Bursts of ~40 KiB against a 16 KiB send queue: the gateway cannot hand a
+    # burst to the socket in time and closes the connection as a slow consumer.
+    gateway = await env.gateway(send_queue_bytes=16 * 1024)
+    thread = "slow"
+    feeder = Feeder(env.writer(), thread, batches=8, size=100, pad=400, pause=0.05)
+    await feeder.begin()
+    epoch = await gateway.store.epoch(thread)
+    client = await env.client(gateway, encoding, backoff_min=0.02, backoff_max=0.2)
+    async with client.subscribe(thread, "start") as sub:
+        reader = Reader(sub, pace=0.001)
+        feeder.start()
+        await feeder.finished()
+        await reader.until_offset(feeder.offsets[-1], timeout=3 * WAIT)
+        await reader.stop()
+    assert client.reconnects > 0
+    assert reader.close_codes and set(reader.close_codes) == {CloseCode.SLOW_CONSUMER}
+    resumes = check_resumed_stream(reader.items, feeder, epoch, subscribes=1)
+    # A connection may also be dropped again before its "subscribed" reply left the gateway.
+    assert len(resumes) <= client.reconnects
+
+
+# -- 3. resumes that cannot be complete: a snapshot -------------------------------------------
+
+
+class Gate:
+    """An Authorizer that allows everything but holds new connections while it is shut."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.opened.set()
+        self.held = 0
+
+    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+        if action is Action.CONNECT and not self.opened.is_set():
+            self.held += 1
+            await asyncio.wait_for(self.opened.wait(), WAIT)
+        return True
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_resume_after_the_history_was_trimmed_gets_a_snapshot(
+    env: Env, encoding: str
+) -> None:
+    env.retention = Retention(max_len=20)
+    gate = Gate()
+    gateway = await env.gateway(authorizer=gate)
+    thread = "trimmed"
+    # A viewer from before the first event keeps the gateway folding the whole
+    # thread, so the snapshot is complete although the store trims.
+    keeper = Reader(await (await env.client(gateway)).subscribe(thread, "live").open())
+    await keeper.until(lambda items: len(items) >= 1)
+    writer = env.writer()
+    events = opening(thread, "r1", "m1") + deltas("m1", 10)
+    offsets = await publish_all(writer, thread, events)
+    epoch = await gateway.store.epoch(thread)
+    client = await env.client(gateway, encoding, backoff_min=0.02, backoff_max=0.1)
+    sub = await client.subscribe(thread, "start", state=True).open()
+    before = await take_until_offset(sub, offsets[-1])
+    assert thread_events([i for i, _ in before]) == list(zip(offsets, events, strict=True))
+    kept = sub.position
+    assert kept == Position(offsets[-1], epoch)
+
+    # Disconnected (and held off) while 45 more events go by: the stream keeps 20.
+    gate.opened.clear()
+    server_connection(gateway, client).close_soon(CloseCode.SERVICE_RESTART, "restart")
+    await wait_for(lambda: gate.held >= 1)
+    missed = [
+        *deltas("m1", 40, start=10),
+        {"type": "TEXT_MESSAGE_END", "messageId": "m1"},
+        {"type": "STATE_DELTA", "delta": [{"op": "replace", "path": "/n", "value": 45}]},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m2", "role": "assistant"},
+        *deltas("m2", 2),
+    ]
+    missed_offsets = await publish_all(writer, thread, missed, batch=10)
+    await keeper.until_offset(missed_offsets[-1])
+    info = await gateway.store.info(thread)
+    assert info is not None and info.length == 20 and info.trimmed is not None
+    assert offset_key(kept.offset) < offset_key(info.trimmed)  # the resume point is gone
+    gate.opened.set()
+
+    after = await take(sub, 2)
+    (resync, pos1), (snap, pos2) = after
+    assert resync == Subscribed(thread, epoch, missed_offsets[-1], recovered=False, resumed=True)
+    assert pos1 == kept  # unchanged until the snapshot
+    assert isinstance(snap, Snapshot)
+    assert (snap.thread, snap.offset, snap.epoch, snap.complete) == (
+        thread,
+        missed_offsets[-1],
+        epoch,
+        True,
+    )
+    assert pos2 == Position(missed_offsets[-1], epoch)
+    assert folded(snap.events) == folded(events + missed)
+    assert sub.recovered is False
+    assert sub.state is not None
+    assert (sub.state.messages, sub.state.state) == folded(events + missed)
+
+    # Then the live tail, folded on top.
+    tail = [*deltas("m2", 3, start=2), {"type": "TEXT_MESSAGE_END", "messageId": "m2"}]
+    tail_offsets = await publish_all(writer, thread, tail)
+    got = await take(sub, len(tail))
+    assert thread_events([i for i, _ in got]) == list(zip(tail_offsets, tail, strict=True))
+    assert (sub.state.messages, sub.state.state) == folded(events + missed + tail)
+    assert client.reconnects == 1
+    await sub.close()
+    await keeper.stop()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_resume_after_the_thread_was_recreated_gets_a_snapshot(
+    env: Env, encoding: str
+) -> None:
+    port = free_port()
+    gateway = await env.gateway(port)
+    thread = "recreated"
+    writer = env.writer()
+    first = run_events(thread, "r1", turns=1)
+    offsets = await publish_all(writer, thread, first)
+    old_epoch = await gateway.store.epoch(thread)
+    client = await env.client(port, encoding, backoff_min=0.02, backoff_max=0.2)
+    sub = await client.subscribe(thread, "start", state=True).open()
+    await take_until_offset(sub, offsets[-1])
+    assert sub.position == Position(offsets[-1], old_epoch)
+
+    # While the client is away the thread is deleted and created again.
+    await asyncio.wait_for(gateway.drain(), WAIT)
+    store = env.store()
+    assert await store.delete(thread)
+    second = run_events(thread, "r2", turns=2)
+    head, tail = second[:30], second[30:]
+    head_offsets = await publish_all(writer, thread, head, batch=10)
+    new_epoch = await store.epoch(thread)
+    assert new_epoch and new_epoch != old_epoch
+    await env.gateway(port)
+
+    (resync, pos1), (snap, pos2) = await take(sub, 2)
+    assert resync == Subscribed(thread, new_epoch, head_offsets[-1], recovered=False, resumed=True)
+    assert pos1 == Position(offsets[-1], old_epoch)
+    assert isinstance(snap, Snapshot)
+    assert (snap.offset, snap.epoch, snap.complete) == (head_offsets[-1], new_epoch, True)
+    assert pos2 == Position(head_offsets[-1], new_epoch)
+    assert sub.state is not None
+    # Nothing of the first run is left: the state is the new thread's.
+    assert (sub.state.messages, sub.state.state) == folded(head)
+    assert [r.run_id for r in sub.state.runs] == ["r2"]
+
+    tail_offsets = await publish_all(writer, thread, tail, batch=10)
+    got = await take(sub, len(tail))
+    assert thread_events([i for i, _ in got]) == list(zip(tail_offsets, tail, strict=True))
+    assert [p for _, p in got] == [Position(o, new_epoch) for o in tail_offsets]
+    assert (sub.state.messages, sub.state.state) == folded(second)
+    assert client.reconnects == 1
+    await sub.close()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_thread_recreated_while_subscribed(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "reset-live"
+    writer = env.writer()
+    first = run_events(thread, "r1", turns=1)
+    offsets = await publish_all(writer, thread, first)
+    old_epoch = await gateway.store.epoch(thread)
+    client = await env.client(gateway, encoding)
+    reader = Reader(await client.subscribe(thread, "start", state=True).open())
+    await reader.until_offset(offsets[-1])
+    seen = len(reader.items)
+
+    assert await gateway.store.delete(thread)
+    second = run_events(thread, "r2", turns=1)
+    head, tail = second[:20], second[20:]
+    head_offsets = await publish_all(writer, thread, head, batch=5)
+    new_epoch = await gateway.store.epoch(thread)
+    assert new_epoch and new_epoch != old_epoch
+    # The resync may come before, amid or after the new events: it ends at the newest.
+    await reader.until(lambda items: reader.sub.position == Position(head_offsets[-1], new_epoch))
+    tail_offsets = await publish_all(writer, thread, tail, batch=5)
+    await reader.until_offset(tail_offsets[-1])
+
+    items, positions = reader.items[seen:], reader.positions[seen:]
+    resync = items[0]
+    assert isinstance(resync, Subscribed)
+    assert (resync.recovered, resync.resumed) == (False, False)
+    assert positions[0] == Position(offsets[-1], old_epoch)  # unchanged until the snapshot
+    snaps = [n for n, i in enumerate(items) if isinstance(i, Snapshot)]
+    assert snaps == [1]
+    snap = items[1]
+    assert isinstance(snap, Snapshot) and snap.epoch in (None, new_epoch)
+    assert positions[1] == Position(snap.offset, snap.epoch)
+    # After the snapshot: an announcement of the new epoch if it had none, then events.
+    rest = items[2:]
+    announced = of_kind(rest, Subscribed)
+    assert [(a.epoch, a.recovered) for a in announced] == (
+        [] if snap.epoch == new_epoch else [(new_epoch, True)]
+    )
+    got = thread_events(rest)
+    expected = list(zip(head_offsets + tail_offsets, second, strict=True))
+    assert got == expected[len(expected) - len(got) :]
+    assert got[-len(tail) :] == expected[-len(tail) :]
+    assert folded([e for _, e in got], snap.events) == folded(second)
+    assert reader.positions[-1] == Position(tail_offsets[-1], new_epoch)
+    assert reader.sub.state is not None
+    assert (reader.sub.state.messages, reader.sub.state.state) == folded(second)
+    assert client.reconnects == 0
+    await reader.stop()
+
+
+# -- 4. the client-side queue bound ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_small_client_queue_lags_and_catches_up_without_loss(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "lagging"
+    writer = env.writer()
+    events = opening(thread, "r1", "m1")
+    offsets = await publish_all(writer, thread, events)
+    epoch = await gateway.store.epoch(thread)
+    witness = Reader(await (await env.client(gateway)).subscribe(thread, "live").open())
+    client = await env.client(gateway, encoding)
+    max_queue = 8
+    sub = client.subscribe(thread, "start", max_queue=max_queue)
+    async with sub:
+        got = await take(sub, 1 + len(events))
+        # The consumer pauses while 300 events arrive.
+        more = deltas("m1", 300)
+        offsets += await publish_all(writer, thread, more, batch=50)
+        events += more
+        await witness.until_offset(offsets[-1])
+        await asyncio.wait_for(client.ping(), WAIT)  # every frame before the pong was read
+        assert len(sub._queue) <= max_queue  # the bound held: the rest was left in the hub
+        # It reads again, slowly, while more keeps coming.
+        reader = Reader(sub, pace=0.002)
+        more = deltas("m1", 100, start=300)
+        offsets += await publish_all(writer, thread, more, batch=10)
+        events += more
+        await reader.until_offset(offsets[-1], timeout=3 * WAIT)
+        await reader.stop()
+        got += list(zip(reader.items, reader.positions, strict=True))
+
+    items = [i for i, _ in got]
+    assert thread_events(items) == list(zip(offsets, events, strict=True))
+    # Lagging resubscribed from where it stopped: complete, never a snapshot, no reconnect.
+    subscribed = of_kind(items, Subscribed)
+    assert len(subscribed) >= 2
+    assert all(s.recovered and s.epoch == epoch for s in subscribed)
+    assert of_kind(items, Snapshot) == []
+    assert client.reconnects == 0
+    positions = [p for i, p in got if isinstance(i, ThreadEvent)]
+    assert positions == [Position(o, epoch) for o in offsets]
+    await witness.stop()
+
+
+# -- 5. chunk expansion and folded state --------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_expand_chunks_yields_start_content_end_with_source_offsets(
+    mem: Env, encoding: str
+) -> None:
+    gateway = await mem.gateway()
+    thread = "chunks"
+    client = await mem.client(gateway, encoding)
+    published = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": "r1"},
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "m1", "delta": "Hel"},
+        {"type": "TEXT_MESSAGE_CHUNK", "delta": "lo"},
+        {"type": "TOOL_CALL_CHUNK", "toolCallId": "tc1", "toolCallName": "search",
+         "parentMessageId": "m1", "delta": '{"q"'},
+        {"type": "TOOL_CALL_CHUNK", "toolCallId": "tc1", "delta": ": 1}"},
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "m2", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "m2", "delta": "ok"},
+        {"type": "STATE_SNAPSHOT", "snapshot": {"done": True}},
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": "r1"},
+    ]  # fmt: skip
+    first = await client.publish(thread, published[:1])
+    epoch = await gateway.store.epoch(thread)
+    raw = client.subscribe(thread, "start")
+    other = await mem.client(gateway, encoding)
+    expanded = other.subscribe(thread, "start", expand_chunks=True, state=True)
+    async with raw, expanded:
+        await take(raw, 1)
+        await take(expanded, 1)
+        o = first + await client.publish(thread, published[1:])
+        # The raw subscription yields what was stored, one item per offset.
+        got_raw = await take(raw, len(published))
+        assert thread_events([i for i, _ in got_raw]) == list(zip(o, published, strict=True))
+        expected = [
+            (o[0], published[0], o[0]),
+            (o[1], {"type": "TEXT_MESSAGE_START", "messageId": "m1", "role": "assistant"}, o[0]),
+            (o[1], {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "Hel"}, o[1]),
+            (o[2], {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "lo"}, o[2]),
+            (o[3], {"type": "TEXT_MESSAGE_END", "messageId": "m1"}, o[2]),
+            (o[3], {"type": "TOOL_CALL_START", "toolCallId": "tc1", "toolCallName": "search",
+                    "parentMessageId": "m1"}, o[2]),
+            (o[3], {"type": "TOOL_CALL_ARGS", "toolCallId": "tc1", "delta": '{"q"'}, o[3]),
+            (o[4], {"type": "TOOL_CALL_ARGS", "toolCallId": "tc1", "delta": ": 1}"}, o[4]),
+            (o[5], {"type": "TOOL_CALL_END", "toolCallId": "tc1"}, o[4]),
+            (o[5], {"type": "TEXT_MESSAGE_START", "messageId": "m2", "role": "assistant"}, o[5]),
+            (o[6], {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m2", "delta": "ok"}, o[6]),
+            (o[7], {"type": "TEXT_MESSAGE_END", "messageId": "m2"}, o[6]),
+            (o[7], published[7], o[7]),
+            (o[8], published[8], o[8]),
+        ]  # fmt: skip
+        got = await take(expanded, len(expected))
+        assert [(i.offset, i.event) for i, _ in got] == [(a, b) for a, b, _ in expected]
+        # The position moves only with the last piece of a frame.
+        assert [p for _, p in got] == [Position(c, epoch) for _, _, c in expected]
+        assert all(isinstance(i, ThreadEvent) and i.thread == thread for i, _ in got)
+        assert expanded.state is not None
+        assert (expanded.state.messages, expanded.state.state) == folded(published)
+        assert expanded.state.messages == [
+            {"id": "m1", "role": "assistant", "content": "Hello",
+             "toolCalls": [{"id": "tc1", "type": "function",
+                            "function": {"name": "search", "arguments": '{"q": 1}'}}]},
+            {"id": "m2", "role": "assistant", "content": "ok"},
+        ]  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_state_follows_the_fold_of_the_thread(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "state"
+    writer = env.writer()
+    history = run_events(thread, "r1", turns=2)
+    offsets = await publish_all(writer, thread, history)
+    client = await env.client(gateway, encoding)
+    subs = {
+        start: (await env.client(gateway, encoding)).subscribe(thread, start, state=True)
+        for start in ("start", "snapshot")
+    }
+    subs["live"] = client.subscribe(thread, "live", state=True)
+    readers = {start: Reader(await sub.open()) for start, sub in subs.items()}
+    await readers["start"].until_offset(offsets[-1])
+    await readers["snapshot"].until(lambda items: len(of_kind(items, Snapshot)) == 1)
+    await readers["live"].until(lambda items: len(items) == 1)
+    assert subs["start"].state is not None and subs["snapshot"].state is not None
+    for start in ("start", "snapshot"):
+        state = subs[start].state
+        assert state is not None
+        assert (state.messages, state.state) == folded(history), start
+    live_state = subs["live"].state
+    assert live_state is not None and (live_state.messages, live_state.state) == ([], {})
+
+    second = run_events(thread, "r2", turns=3)
+    more = await publish_all(writer, thread, second, batch=11)
+    for reader in readers.values():
+        await reader.until_offset(more[-1])
+    for start, sub in subs.items():
+        state = sub.state
+        assert state is not None
+        expected = folded(second) if start == "live" else folded(history + second)
+        assert (state.messages, state.state) == expected, start
+        assert state.messages != [] and state.state["progress"] == 3
+    full = subs["start"].state
+    assert full is not None and [r.run_id for r in full.runs] == ["r1", "r2"]
+    for reader in readers.values():
+        await reader.stop()
+
+
+# -- 6. publishing through the client -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_returns_offsets_and_reaches_another_client(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "published"
+    publisher = await env.client(gateway, encoding)
+    viewer = await env.client(gateway, "json" if encoding == "msgpack" else "msgpack")
+    events = run_events(thread, "r1", turns=1)
+    async with viewer.subscribe(thread, "live") as sub:
+        await take(sub, 1)
+        offsets = await publisher.publish(thread, events[:10])
+        offsets += await publisher.publish(thread, events[10:])
+        assert len(offsets) == len(events) and strictly_increasing(offsets)
+        epoch = await gateway.store.epoch(thread)
+        got = await take(sub, 1 + len(events))
+        announce = got[0][0]  # the first event created the thread's epoch
+        assert isinstance(announce, Subscribed)
+        assert (announce.epoch, announce.recovered, announce.resumed) == (epoch, True, False)
+        assert thread_events([i for i, _ in got]) == list(zip(offsets, events, strict=True))
+    stored = await gateway.store.read(thread)
+    assert [e.offset for e in stored] == offsets
+    assert await publisher.publish(thread, []) == []
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_with_the_same_event_ids_stores_once(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "idempotent"
+    client = await env.client(gateway, encoding)
+    batch = opening(thread, "r1", "m1") + deltas("m1", 4)
+    ids = [f"evt-{i}" for i in range(len(batch))]
+    offsets = await client.publish(thread, batch, ids)
+    again = await client.publish(thread, batch, ids)
+    assert again == offsets
+    # Half retried, half new: the known ids keep their offsets.
+    end = [{"type": "TEXT_MESSAGE_END", "messageId": "m1"}]
+    mixed = await client.publish(thread, [batch[-1], *end], [ids[-1], "evt-end"])
+    assert mixed[0] == offsets[-1] and offset_key(mixed[1]) > offset_key(offsets[-1])
+    # Another client retrying the same ids gets the same answer.
+    other = await env.client(gateway, "json" if encoding == "msgpack" else "msgpack")
+    assert await other.publish(thread, batch[:2], ids[:2]) == offsets[:2]
+    stored = await gateway.store.read(thread)
+    assert [e.offset for e in stored] == [*offsets, mixed[1]]
+    assert [e.event_id for e in stored] == [*ids, "evt-end"]
+    # Without ids the client makes up fresh ones: the same event is stored each time.
+    await client.publish(thread, [{"type": "TEXT_MESSAGE_START", "messageId": "m2"}])
+    delta = deltas("m2", 1)
+    one, two = await client.publish(thread, delta), await client.publish(thread, delta)
+    assert offset_key(mixed[1]) < offset_key(one[0]) < offset_key(two[0])
+    stored = await gateway.store.read(thread, after=mixed[1])
+    assert [e.offset for e in stored][1:] == [*one, *two]
+    assert len({e.event_id for e in stored}) == 3
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_sequence_error_stores_nothing(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "sequence"
+    client = await env.client(gateway, encoding)
+    # The first event of a thread must start a run.
+    with pytest.raises(SequenceError) as info:
+        await client.publish(thread, deltas("m1", 1))
+    assert info.value.rule == "run_not_started"
+    assert info.value.code == "sequence_error"
+    assert await gateway.store.epoch(thread) is None  # not even created
+
+    offsets = await client.publish(thread, opening(thread, "r1", "m1"))
+    # A batch whose last event breaks the rules: none of it is stored.
+    bad = [*deltas("m1", 2), {"type": "TEXT_MESSAGE_CONTENT", "messageId": "nope", "delta": "x"}]
+    with pytest.raises(SequenceError) as info:
+        await client.publish(thread, bad, ["b1", "b2", "b3"])
+    assert info.value.rule == "message_not_open"
+    assert "nope" in str(info.value)
+    with pytest.raises(SequenceError) as info:
+        await client.publish(thread, [{"type": "RUN_FINISHED", "threadId": thread, "runId": "r1"}])
+    assert info.value.rule == "run_finished_with_open_items"
+    assert [e.offset for e in await gateway.store.read(thread)] == offsets
+    # The connection is fine, and the rejected ids were not taken.
+    more = await client.publish(thread, bad[:2], ["b1", "b2"])
+    assert [e.offset for e in await gateway.store.read(thread)] == offsets + more
+    assert client.reconnects == 0 and client.connected
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_checks_locally_before_sending(mem: Env, encoding: str) -> None:
+    recorder = Recorder()
+    gateway = await mem.gateway(authorizer=recorder)
+    thread = "local"
+    client = await mem.client(gateway, encoding, max_frame_bytes=4096)
+    run = [{"type": "RUN_STARTED", "threadId": thread, "runId": "r1"}]
+
+    with pytest.raises(InvalidEvent):
+        await client.publish(thread, [{"type": "NOT_AN_EVENT"}])
+    with pytest.raises(InvalidEvent):
+        await client.publish(thread, [*run, {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m"}])
+    with pytest.raises(PayloadTooLarge) as too_large:
+        await client.publish(thread, [*run, *deltas("m1", 1, size=10_000)])
+    assert too_large.value.limit == 4096 and too_large.value.size > 10_000
+    with pytest.raises(ValueError, match="1000"):
+        await client.publish(thread, run + deltas("m1", 1000))
+    with pytest.raises(ValueError, match="one id per event"):
+        await client.publish(thread, run, ["a", "b"])
+    # Nothing reached the gateway: the round trip of a ping comes after any of it.
+    await asyncio.wait_for(client.ping(), WAIT)
+    assert recorder.publishes() == []
+    assert await gateway.store.epoch(thread) is None
+
+    # Just under the limit is sent and stored.
+    offsets = await client.publish(thread, [*run, {"type": "CUSTOM", "name": "pad",
+                                                    "value": "x" * 3000}])  # fmt: skip
+    assert recorder.publishes() == [thread]
+    assert [e.offset for e in await gateway.store.read(thread)] == offsets
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_during_a_gateway_restart_completes_without_duplicates(
+    env: Env, encoding: str
+) -> None:
+    port = free_port()
+    gateway = await env.gateway(port)
+    thread = "publish-restart"
+    client = await env.client(port, encoding, backoff_min=0.05, backoff_max=0.3)
+    events = opening(thread, "r1", "m1")
+    offsets = await client.publish(thread, events)
+    batches = [deltas("m1", 5, start=5 * i) for i in range(30)]
+    answered: list[list[str]] = []
+
+    async def publish_batches() -> None:
+        for batch in batches:
+            answered.append(await client.publish(thread, batch))
+            await asyncio.sleep(0.01)
+
+    publishing = asyncio.create_task(publish_batches())
+    await wait_for(lambda: len(answered) >= 3)
+    await asyncio.wait_for(gateway.drain(), WAIT)
+    stopped_at = len(answered)
+    await asyncio.sleep(0.3)
+    assert not client.connected
+    assert len(answered) <= stopped_at + 1  # publishes wait for the connection
+    await env.gateway(port)
+    await asyncio.wait_for(publishing, 3 * WAIT)
+    assert stopped_at < len(batches) and len(answered) == len(batches)
+    assert client.reconnects == 1
+
+    offsets += [o for batch in answered for o in batch]
+    events += [e for batch in batches for e in batch]
+    assert strictly_increasing(offsets)
+    # Stored once each, in order, exactly at the offsets the client was given.
+    stored = await env.store().read(thread)
+    assert [e.offset for e in stored] == offsets
+    assert [msgpack.unpackb(e.data, raw=False) for e in stored] == events
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_retried_after_a_lost_reply_is_stored_once(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "lost-reply"
+    client = await env.client(gateway, encoding, backoff_min=0.02, backoff_max=0.1)
+    offsets = await client.publish(thread, opening(thread, "r1", "m1"))
+    stored_calls: list[list[str]] = []
+    original = gateway.hub.publish
+
+    async def publish_then_cut(thread: str, events: Any, event_ids: Any = None) -> list[str]:
+        result = await original(thread, events, event_ids)
+        stored_calls.append(list(event_ids or []))
+        if len(stored_calls) == 1:
+            # Stored, but the connection dies before the reply leaves.
+            for conn in list(gateway.connections):
+                conn.ws.transport.abort()
+        return result
+
+    gateway.hub.publish = publish_then_cut  # type: ignore[method-assign]
+    batch = deltas("m1", 4)
+    more = await asyncio.wait_for(client.publish(thread, batch), WAIT)
+    assert client.reconnects == 1 and client.close_code == 1006
+    # The retry carried the same ids and was answered with the stored offsets.
+    assert len(stored_calls) == 2 and stored_calls[0] == stored_calls[1]
+    stored = await gateway.store.read(thread)
+    assert [e.offset for e in stored] == offsets + more
+    assert [msgpack.unpackb(e.data, raw=False) for e in stored][3:] == batch
+
+
+# -- 7. errors -----------------------------------------------------------------------------------
+
+
+class Policy:
+    """An Authorizer refusing chosen (action, thread) pairs; ``None`` as thread: any."""
+
+    def __init__(self, *refused: tuple[Action, str | None]) -> None:
+        self.refused = set(refused)
+
+    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+        return (action, thread) not in self.refused and (action, None) not in self.refused
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_nothing_listening_raises_hub_unreachable_quickly(encoding: str) -> None:
+    port = free_port()
+    began = time.monotonic()
+    client = HubClient(f"ws://127.0.0.1:{port}", encoding=encoding, open_timeout=WAIT)
+    with pytest.raises(HubUnreachable) as info:
+        await asyncio.wait_for(client.connect(), WAIT)
+    assert time.monotonic() - began < 2 * TIMEOUT_SCALE
+    assert str(port) in str(info.value)
+    with pytest.raises(HubUnreachable):
+        async with HubClient(f"ws://127.0.0.1:{port}", encoding=encoding):
+            pass
+    # Not a WebSocket URL at all.
+    with pytest.raises(HubUnreachable):
+        await HubClient(f"http://127.0.0.1:{port}").connect()
+    # Used before connect: a clear error, not a hang.
+    with pytest.raises(ClientError, match="connect"):
+        await client.publish("t", [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}])
+
+
+async def test_refused_connection_raises_connection_rejected(mem: Env) -> None:
+    gateway = await mem.gateway(authorizer=Policy((Action.CONNECT, None)))
+    for encoding in ENCODINGS:
+        client = HubClient(f"ws://127.0.0.1:{gateway.config.port}", encoding=encoding)
+        with pytest.raises(ConnectionRejected) as info:
+            await asyncio.wait_for(client.connect(), WAIT)
+        assert info.value.close_code == CloseCode.FORBIDDEN
+        assert not isinstance(info.value, HubUnreachable)
+    assert gateway.connections == set()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_refused_subscription_fails_only_that_subscription(mem: Env, encoding: str) -> None:
+    gateway = await mem.gateway(authorizer=Policy((Action.SUBSCRIBE, "secret")))
+    client = await mem.client(gateway, encoding)
+    secret = client.subscribe("secret", "start")
+    public = client.subscribe("public", "start")
+    reader = Reader(await public.open())
+    await reader.until(lambda items: len(items) == 1)
+    with pytest.raises(CommandRejected) as info:
+        async with asyncio.timeout(WAIT):
+            async for _ in secret:
+                pass
+    assert info.value.code == "forbidden" and info.value.thread == "secret"
+    with pytest.raises(CommandRejected):  # and it stays failed
+        await asyncio.wait_for(anext(secret), WAIT)
+
+    # The other subscription, the connection and publishing are fine.
+    offsets = await client.publish("public", opening("public", "r1", "m1"))
+    await client.publish("secret", opening("secret", "r1", "m1"))  # publishing is allowed
+    await reader.until_offset(offsets[-1])
+    assert thread_events(reader.items) == list(
+        zip(offsets, opening("public", "r1", "m1"), strict=True)
+    )
+    assert not reader.ended and client.connected and client.reconnects == 0
+    assert server_connection(gateway, client).threads == {"public"}
+    # The refused thread is not held by the client: it may be asked for again (and refused again).
+    again = client.subscribe("secret", "live")
+    with pytest.raises(CommandRejected):
+        await asyncio.wait_for(anext(again), WAIT)
+    await reader.stop()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_give_up_after_raises_hub_unreachable_in_time(env: Env, encoding: str) -> None:
+    port = free_port()
+    gateway = await env.gateway(port)
+    give_up = 1.0
+    client = await env.client(
+        port, encoding, backoff_min=0.05, backoff_max=0.2, give_up_after=give_up
+    )
+    reader = Reader(await client.subscribe("gone", "live").open())
+    other = Reader(await client.subscribe("gone-too", "start").open())
+    await reader.until(lambda items: len(items) == 1)
+    began = time.monotonic()
+    await asyncio.wait_for(gateway.drain(), WAIT)  # for good
+    async with asyncio.timeout(give_up + 3 * TIMEOUT_SCALE):
+        await reader.task
+        await other.task
+    elapsed = time.monotonic() - began
+    assert isinstance(reader.error, HubUnreachable)
+    assert isinstance(other.error, HubUnreachable)
+    assert give_up - 0.05 <= elapsed <= give_up + 2 * TIMEOUT_SCALE
+    assert client.reconnects == 0
+    with pytest.raises(HubUnreachable):
+        await asyncio.wait_for(
+            client.publish("gone", [{"type": "RUN_STARTED", "threadId": "g", "runId": "r"}]),
+            WAIT,
+        )
+
+
+async def test_subscribing_a_thread_twice_on_one_client_is_an_error(mem: Env) -> None:
+    gateway = await mem.gateway()
+    client = await mem.client(gateway)
+    first = await client.subscribe("twice", "live").open()
+    with pytest.raises(ValueError, match="already subscribed"):
+        client.subscribe("twice", "start")
+    # Two created before either is opened: the second one to open is refused.
+    a, b = client.subscribe("pair"), client.subscribe("pair")
+    await a.open()
+    with pytest.raises(ValueError, match="already subscribed"):
+        await b.open()
+    with pytest.raises(ValueError):
+        client.subscribe("x", "later")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        client.subscribe("x", max_queue=1)
+    # Another client may follow the same thread; this one again after closing the first.
+    other = await mem.client(gateway, "json")
+    await other.subscribe("twice").open()
+    await first.close()
+    again = await client.subscribe("twice", "live").open()
+    [(item, _)] = await take(again, 1)
+    assert isinstance(item, Subscribed) and item.thread == "twice"
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_close_ends_every_subscription(mem: Env, encoding: str) -> None:
+    gateway = await mem.gateway()
+    client = await mem.client(gateway, encoding)
+    readers = [Reader(await client.subscribe(t, "start").open()) for t in ("c1", "c2", "c3")]
+    for reader in readers:
+        await reader.until(lambda items: len(items) == 1)
+    assert len(gateway.connections) == 1
+    await asyncio.wait_for(client.close(), WAIT)
+    async with asyncio.timeout(WAIT):
+        for reader in readers:
+            await reader.task
+    assert all(r.ended and r.error is None for r in readers)  # iteration simply stopped
+    assert client.state is ClientState.CLOSED and not client.connected
+    await wait_for(lambda: not gateway.connections)
+    with pytest.raises(ClientError):
+        await client.publish("c1", [{"type": "RUN_STARTED", "threadId": "c1", "runId": "r"}])
+    with pytest.raises(ClientError):
+        await client.subscribe("c4").open()
+    await client.close()  # twice is fine
+
+
+# -- 8. fan-out ---------------------------------------------------------------------------------
+
+
+async def test_two_clients_see_identical_sequences(env: Env) -> None:
+    gateway = await env.gateway()
+    thread = "fan-out"
+    writer = env.writer()
+    history = run_events(thread, "r1", turns=1)
+    offsets = await publish_all(writer, thread, history)
+    clients = [await env.client(gateway, encoding) for encoding in ENCODINGS]
+    readers = [Reader(await c.subscribe(thread, "start").open()) for c in clients]
+    publisher = await env.client(gateway, "json")
+    more = run_events(thread, "r2", turns=2)
+    for i in range(0, len(more), 13):
+        offsets += await publisher.publish(thread, more[i : i + 13])
+    for reader in readers:
+        await reader.until_offset(offsets[-1])
+    a, b = (r.items for r in readers)
+    assert a == b  # the same items, field by field, over msgpack and JSON
+    assert thread_events(a) == list(zip(offsets, history + more, strict=True))
+    assert readers[0].positions == readers[1].positions
+    for reader in readers:
+        await reader.stop()
+
+
+# -- 9. run filter, stale positions, closes for good, headers, outages --------------------------
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_run_filter_survives_a_reconnect(mem: Env, encoding: str) -> None:
+    gateway = await mem.gateway()
+    thread = "runs"
+    writer = mem.writer()
+    run1, run2, run3 = (run_events(thread, r, turns=1) for r in ("r1", "r2", "r3"))
+    offsets1 = await publish_all(writer, thread, run1)
+    client = await mem.client(gateway, encoding, backoff_min=0.02, backoff_max=0.1)
+    sub = await client.subscribe(thread, "start", run="r2").open()
+    [(first, _)] = await take(sub, 1)
+    assert isinstance(first, Subscribed) and first.recovered
+    offsets2 = await publish_all(writer, thread, run2[:10])
+    got = await take(sub, 10)
+    server_connection(gateway, client).close_soon(CloseCode.SERVICE_RESTART, "restart")
+    offsets2 += await publish_all(writer, thread, run2[10:])
+    offsets3 = await publish_all(writer, thread, run3)
+    got += await take_until_offset(sub, offsets2[-1])
+    items = [i for i, _ in got]
+    assert thread_events(items) == list(zip(offsets2, run2, strict=True))  # not r1, r3
+    (resumed,) = of_kind(items, Subscribed)
+    assert (resumed.resumed, resumed.recovered) == (True, True)
+    assert offset_key(offsets1[-1]) < offset_key(offsets2[0])
+    # Run 3 went by meanwhile: nothing of it comes.
+    marker = await writer.publish(thread, [{"type": "RUN_STARTED", "threadId": thread,
+                                            "runId": "r2"}])  # fmt: skip
+    [(item, position)] = await take(sub, 1)
+    assert item == ThreadEvent(thread, marker[0], {"type": "RUN_STARTED", "threadId": thread,
+                                                    "runId": "r2"})  # fmt: skip
+    assert offset_key(offsets3[-1]) < offset_key(marker[0])
+    assert position == Position(marker[0], await gateway.store.epoch(thread))
+    await sub.close()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_subscribe_from_a_position_of_another_epoch(env: Env, encoding: str) -> None:
+    gateway = await env.gateway()
+    thread = "other-epoch"
+    writer = env.writer()
+    events = run_events(thread, "r1", turns=1)
+    offsets = await publish_all(writer, thread, events)
+    epoch = await gateway.store.epoch(thread)
+    stale = Position(offsets[3], "0" * 16 if epoch != "0" * 16 else "1" * 16)
+    client = await env.client(gateway, encoding)
+    async with client.subscribe(thread, stale, state=True) as sub:
+        assert sub.position == stale
+        (resync, pos1), (snap, pos2) = await take(sub, 2)
+    assert resync == Subscribed(thread, epoch, offsets[-1], recovered=False, resumed=False)
+    assert pos1 == stale
+    assert isinstance(snap, Snapshot) and (snap.offset, snap.epoch) == (offsets[-1], epoch)
+    assert pos2 == Position(offsets[-1], epoch)
+    assert sub.state is not None and (sub.state.messages, sub.state.state) == folded(events)
+
+
+@pytest.mark.parametrize("code", [CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN, CloseCode.NORMAL])
+async def test_gateway_closing_for_good_is_not_retried(mem: Env, code: CloseCode) -> None:
+    gateway = await mem.gateway()
+    client = await mem.client(gateway, backoff_min=0.01, backoff_max=0.05)
+    reader = Reader(await client.subscribe("t", "live").open())
+    await reader.until(lambda items: len(items) == 1)
+    server_connection(gateway, client).close_soon(code, "go away")
+    async with asyncio.timeout(WAIT):
+        await reader.task
+    assert isinstance(reader.error, ConnectionRejected)
+    assert reader.error.close_code == code
+    await asyncio.sleep(0.2)  # time enough for several retries
+    assert client.reconnects == 0 and not gateway.connections
+    with pytest.raises(ConnectionRejected):
+        await asyncio.wait_for(client.ping(), WAIT)
+
+
+async def test_headers_reach_the_authorizer(mem: Env) -> None:
+    class Tokens:
+        async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+            return principal.headers.get("Authorization") == "Bearer good"
+
+    gateway = await mem.gateway(authorizer=Tokens())
+    good = await mem.client(gateway, headers={"Authorization": "Bearer good"})
+    assert await asyncio.wait_for(good.ping(), WAIT) >= 0
+    bad = HubClient(f"ws://127.0.0.1:{gateway.config.port}", headers={"Authorization": "x"})
+    with pytest.raises(ConnectionRejected):
+        await asyncio.wait_for(bad.connect(), WAIT)
+
+
+async def test_subscribing_while_reconnecting_takes_effect_once_back(env: Env) -> None:
+    port = free_port()
+    gateway = await env.gateway(port)
+    client = await env.client(port, backoff_min=0.05, backoff_max=0.2)
+    writer = env.writer()
+    events = run_events("outage", "r1", turns=1)
+    offsets = await publish_all(writer, "outage", events)
+    await asyncio.wait_for(gateway.drain(), WAIT)
+    await wait_for(lambda: not client.connected)
+    sub = await client.subscribe("outage", "start").open()  # while no connection
+    await env.gateway(port)
+    got = await take(sub, 1 + len(events))
+    assert got[0][0] == Subscribed(
+        "outage", await writer.store.epoch("outage"), offsets[-1], recovered=True, resumed=False
+    )
+    assert thread_events([i for i, _ in got]) == list(zip(offsets, events, strict=True))
+    assert client.reconnects == 1
+
+
+# -- 10. regressions: bugs these tests found ------------------------------------------
+
+
+def publish_frame_size(thread: str, event: Event, event_id: str, command_id: int, enc: str) -> int:
+    """The size of the publish frame the client sends (docs/protocol.md, publish)."""
+    frame = {"type": "publish", "thread": thread, "events": [event], "eventIds": [event_id],
+             "id": command_id}  # fmt: skip
+    if enc == "msgpack":
+        return len(msgpack.packb(frame, use_bin_type=True))
+    return len(json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_publish_just_over_the_frame_limit_is_refused_locally(
+    mem: Env, encoding: str
+) -> None:
+    limit = 4096
+    gateway = await mem.gateway(max_frame_bytes=limit)
+    thread = "edge"
+    client = await mem.client(gateway, encoding, max_frame_bytes=limit)
+    reader = Reader(await client.subscribe(thread, "live").open())
+    await client.publish(thread, [{"type": "RUN_STARTED", "threadId": thread, "runId": "r"}])
+    for _ in range(300):  # command ids now take 3 digits / 2 msgpack bytes, not 1
+        await asyncio.wait_for(client.ping(), WAIT)
+    # An event whose publish frame is at the limit with id 0, and over it with a real id.
+    event: Event = {"type": "CUSTOM", "name": "pad", "value": ""}
+    for pad in range(limit, 0, -1):
+        event["value"] = "x" * pad
+        if publish_frame_size(thread, event, "e1", 0, encoding) <= limit:
+            break
+    assert publish_frame_size(thread, event, "e1", 0, encoding) <= limit
+    assert publish_frame_size(thread, event, "e1", 300, encoding) > limit
+    with pytest.raises(PayloadTooLarge):
+        await asyncio.wait_for(client.publish(thread, [event], ["e1"]), WAIT)
+    # Refused before sending: the connection and the subscriptions on it are untouched.
+    await asyncio.wait_for(client.ping(), WAIT)
+    assert client.reconnects == 0 and client.close_code is None
+    assert len(of_kind(reader.items, Subscribed)) == 2  # the reply and the epoch's announcement
+    await reader.stop()
+
+
+async def test_close_ends_a_publish_waiting_for_the_connection(mem: Env) -> None:
+    port = free_port()
+    gateway = await mem.gateway(port)
+    client = await mem.client(port, backoff_min=0.05, backoff_max=0.2)  # give_up_after=None
+    await asyncio.wait_for(gateway.drain(), WAIT)  # and no gateway comes back
+    await wait_for(lambda: not client.connected)
+    publishing = asyncio.create_task(
+        client.publish("t", [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}])
+    )
+    await asyncio.sleep(0.2)
+    assert not publishing.done()  # waiting for the connection, as it should
+    await asyncio.wait_for(client.close(), WAIT)
+    try:
+        async with asyncio.timeout(TIMEOUT_SCALE):
+            with pytest.raises(ClientError):
+                await publishing
+    finally:
+        publishing.cancel()
+
+
+async def test_giving_up_ends_a_publish_waiting_for_the_connection(mem: Env) -> None:
+    port = free_port()
+    gateway = await mem.gateway(port)
+    give_up, own = 0.5, 3 * TIMEOUT_SCALE  # the client gives up long before the publish would
+    client = await mem.client(port, backoff_min=0.05, backoff_max=0.2, give_up_after=give_up)
+    began = time.monotonic()
+    await asyncio.wait_for(gateway.drain(), WAIT)
+    await wait_for(lambda: not client.connected)
+    publishing = asyncio.create_task(
+        client.publish("t", [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}], timeout=own)
+    )
+    try:
+        with pytest.raises(HubUnreachable):
+            await asyncio.wait_for(publishing, WAIT)
+        assert time.monotonic() - began < give_up + 1.5 * TIMEOUT_SCALE < own
+    finally:
+        publishing.cancel()
+
+
+@pytest.mark.parametrize("continuation", ["with-id", "without-id"])
+async def test_chunk_stream_continues_across_a_snapshot(mem: Env, continuation: str) -> None:
+    gateway = await mem.gateway()
+    thread = "chunk-snapshot"
+    client = await mem.client(gateway)
+    head = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": "r1"},
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "m1", "delta": "Hel"},
+    ]
+    await client.publish(thread, head)
+    late = await mem.client(gateway, "json")
+    sub = await late.subscribe(thread, "snapshot", expand_chunks=True, state=True).open()
+    (_, _), (snap, _) = await take(sub, 2)
+    assert isinstance(snap, Snapshot)
+    more: Event = {"type": "TEXT_MESSAGE_CHUNK", "delta": "lo"}
+    if continuation == "with-id":
+        more["messageId"] = "m1"
+    tail = [more, {"type": "RUN_FINISHED", "threadId": thread, "runId": "r1"}]
+    offsets = await client.publish(thread, tail)
+    got = await take_until_offset(sub, offsets[-1])
+    expanded = [i.event for i, _ in got if isinstance(i, ThreadEvent)]
+    assert expanded == [
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "lo"},
+        {"type": "TEXT_MESSAGE_END", "messageId": "m1"},
+        tail[-1],
+    ]
+    # The snapshot and what follows it make one valid AG-UI sequence...
+    verifier = SequenceVerifier(thread=thread)
+    for event in [*snap.events, *expanded]:
+        verifier.verify(event)
+    # ... and the state is the thread's.
+    assert sub.state is not None
+    assert (sub.state.messages, sub.state.state) == folded(head + tail)
+
+
+class SubscribeCounter:
+    """An Authorizer that allows everything and counts subscribe commands per thread."""
+
+    def __init__(self) -> None:
+        self.subscribes: list[str | None] = []
+
+    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
+        if action is Action.SUBSCRIBE:
+            self.subscribes.append(thread)
+        return True
+
+
+async def test_subscribing_right_after_connecting_sends_one_subscribe(mem: Env) -> None:
+    """The connection task must not resubscribe what subscribe() just sent."""
+    counter = SubscribeCounter()
+    gateway = await mem.gateway(authorizer=counter)
+    thread = "once"
+    writer = mem.writer()
+    events = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": "r1"},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m1", "role": "assistant"},
+        *deltas("m1", 50),
+    ]
+    offsets = await writer.publish(thread, events[:2])
+    offsets += await writer.publish(thread, events[2:])
+    # As in the README: nothing between connecting and subscribing (not even the
+    # loop iteration that asyncio.wait_for would add).
+    async with asyncio.timeout(WAIT):
+        async with (
+            HubClient(f"ws://127.0.0.1:{gateway.config.port}") as client,
+            client.subscribe(thread, "start") as sub,
+        ):
+            got = await take_until_offset(sub, offsets[-1])
+            await client.ping()
+    assert [i.offset for i, _ in got if isinstance(i, ThreadEvent)] == offsets
+    assert counter.subscribes == [thread]
