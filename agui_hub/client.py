@@ -224,6 +224,9 @@ class Subscription:
         # subscribe command whose reply is awaited (frames before it are stale),
         # and whether frames were dropped because the queue was full.
         self._received: Position | None = self.position
+        # offset_key() of _received, cached: it is compared with every event.
+        self._received_of: Position | None = None
+        self._received_key = (0, 0)
         self._awaiting: int | None = None
         self._sent_on: object | None = None  # the connection the last subscribe went to
         self._subscribed_once = False
@@ -427,11 +430,14 @@ class Subscription:
         received = self._received
         try:
             key = offset_key(offset)
-            if received is not None and key <= offset_key(received.offset):
-                return  # already delivered (a resume overlapping what we have)
         except AguiHubError:
             log.warning("thread %s: event frame with a bad offset ignored", self.thread)
             return
+        if received is not None:
+            if received is not self._received_of:
+                self._received_of, self._received_key = received, offset_key(received.offset)
+            if key <= self._received_key:
+                return  # already delivered (a resume overlapping what we have)
         if len(self._queue) >= self.max_queue:
             # Not read fast enough: drop frames from here on and resubscribe from
             # the last queued one once the consumer has caught up.
@@ -499,6 +505,7 @@ class HubClient:
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
         self._stopped = asyncio.Event()  # set when the client closed or gave up
+        self._kick = asyncio.Event()  # set to reconnect now rather than after the backoff
         self._task: asyncio.Task[None] | None = None
         self._subs: dict[str, Subscription] = {}
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -608,7 +615,17 @@ class HubClient:
         :class:`~agui_hub.errors.HubUnreachable`.
         """
         check_thread(thread)
-        wires = [validate_wire(event) for event in events]
+        return await self._publish([validate_wire(event) for event in events], thread,
+                                   event_ids, timeout)  # fmt: skip
+
+    async def _publish(
+        self,
+        wires: list[dict[str, Any]],
+        thread: str,
+        event_ids: Iterable[str] | None,
+        timeout: float | None,
+    ) -> list[Offset]:
+        """:meth:`publish` of events already validated (the Publisher's path)."""
         if not wires:
             return []
         if len(wires) > MAX_EVENTS_PER_PUBLISH:
@@ -688,6 +705,7 @@ class HubClient:
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:
                 raise HubUnreachable(f"no connection to {self.url} in time")
+            self._kick.set()
             # Woken by a connection, or by the client closing or giving up.
             waiters = [
                 asyncio.ensure_future(self._connected.wait()),
@@ -828,7 +846,11 @@ class HubClient:
                         f"no connection to {self.url} for {self.give_up_after:g} s; gave up"
                     )
                 delay = min(delay, left)
-            await asyncio.sleep(delay)
+            # A command waiting for the connection cuts the pause short: backoff
+            # spares a gateway that nobody needs right now, not one that is wanted.
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), delay)
             try:
                 return await self._open()
             except HubUnreachable as exc:

@@ -177,7 +177,7 @@ class Publisher:
             if self._client is None:
                 await self.connect()
             assert self._client is not None
-            return await self._client.publish(thread, wires, ids, timeout=self.retry_for)
+            return await self._client._publish(wires, thread, ids, self.retry_for)
         assert self._writer is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_for

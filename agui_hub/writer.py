@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import enum
 import uuid
 from collections.abc import Sequence
@@ -93,27 +92,30 @@ class ThreadWriter:
             )
         lock = self._locks.setdefault(thread, asyncio.Lock())
         async with lock:
-            # A retry of events already stored is answered with their offsets; only
-            # the new ones are checked against the sequence rules.
-            known = await self.store.stored_ids(thread, ids) if event_ids else {}
-            new = [w for w, i in zip(wires, ids, strict=True) if i not in known]
-            if not new:
-                return [known[i] for i in ids]
             seen = await self._caught_up(thread)
-            window = None if seen.window is None else set(seen.window)
-            if len(new) == 1 and window is None:
-                seen.verifier.check(new[0])  # no copy: check() changes nothing
-                trial = seen.verifier
-            else:
-                trial = copy.deepcopy(seen.verifier)
-                for wire in new:
-                    _verify(trial, wire, window)
+            judged = wires
+            try:
+                trial, window = _try(seen, judged)
+            except SequenceError:
+                # Perhaps a retry of events that are stored already (the catch-up
+                # just folded them in): those are answered with their offsets, and
+                # only the others are judged. Asked only now, to spare a round trip
+                # on every publish; a retry that passes the rules again is
+                # harmless, as the append stores an id only once.
+                known = await self.store.stored_ids(thread, ids) if event_ids else {}
+                if not known:
+                    raise
+                judged = [w for w, i in zip(wires, ids, strict=True) if i not in known]
+                if not judged:
+                    return [known[i] for i in ids]
+                trial, window = _try(seen, judged)
             offsets = await self.store.append(
                 thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
             )
-            if trial is seen.verifier:
-                trial.verify(new[0])
-            seen.verifier, seen.window = trial, window
+            if trial is None:  # one event, checked without a copy: apply it now
+                seen.verifier.verify(judged[0])
+            else:
+                seen.verifier, seen.window = trial, window
             # Another writer may have appended between our read and our append:
             # the next catch-up reads from the old position and skips our own.
             seen.own.update(offsets)
@@ -186,6 +188,25 @@ class ThreadWriter:
 
 
 _ID_KEYS = ("messageId", "toolCallId", "stepName", "subagentRunId")
+
+
+def _try(
+    seen: _Seen, wires: list[dict[str, Any]]
+) -> tuple[SequenceVerifier | None, set[str] | None]:
+    """Judge *wires* after what *seen* knows, changing nothing of it.
+
+    Returns the verifier and window to keep once they are stored, or
+    ``(None, None)`` for a single event that was only checked (apply it to
+    ``seen.verifier`` after the append). Raises :class:`SequenceError`.
+    """
+    if len(wires) == 1 and seen.window is None:
+        seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
+        return None, None
+    trial = seen.verifier.copy()
+    window = None if seen.window is None else set(seen.window)
+    for wire in wires:
+        _verify(trial, wire, window)
+    return trial, window
 
 
 _CONTINUATIONS = {

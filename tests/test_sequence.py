@@ -862,3 +862,25 @@ def test_random_sequences_accept_or_raise_sequence_error(start: bool, events: li
             assert checked is None
             accepted.append(event)
     assert state_of(SequenceVerifier.from_events(accepted, thread=THREAD)) == state_of(verifier)
+
+
+def test_copy_is_independent_and_equivalent() -> None:
+    """copy() (used to try a batch) judges like the original and shares no state."""
+    head = [
+        {"type": "RUN_STARTED", "threadId": "t", "runId": "r"},
+        {"type": "STEP_STARTED", "stepName": "s"},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m1", "role": "assistant"},
+        {"type": "TOOL_CALL_START", "toolCallId": "c1", "toolCallName": "f"},
+        {"type": "SUBAGENT_STARTED", "subagentRunId": "sub1", "name": "helper"},
+    ]
+    original = SequenceVerifier.from_events(head, thread="t")
+    twin = original.copy()
+    assert repr(twin) == repr(original) and twin.open_items() == original.open_items()
+    twin.verify({"type": "TEXT_MESSAGE_END", "messageId": "m1"})
+    twin.verify({"type": "TEXT_MESSAGE_START", "messageId": "m2", "role": "assistant"})
+    # The original still has m1 open and knows nothing of m2.
+    original.verify({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "x"})
+    with pytest.raises(SequenceError) as info:
+        original.verify({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m2", "delta": "x"})
+    assert info.value.rule == "message_not_open"
+    assert original.open_items() != twin.open_items()
