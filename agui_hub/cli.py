@@ -378,6 +378,9 @@ async def _publish_lines(
 
 def _culprit(lines: list[_Line], events: list[dict[str, Any]], exc: Exception) -> int | None:
     """The line of the event an error is about, when it can be told."""
+    index = getattr(exc, "index", None)
+    if type(index) is int and 0 <= index < len(lines):
+        return lines[index].number
     event = getattr(exc, "event", None)
     if event is not None:
         for line, wire in zip(lines, events, strict=True):

@@ -68,7 +68,7 @@ from .errors import (
     StoreUnavailable,
     from_error_frame,
 )
-from .events import validate_wire
+from .events import validate_batch
 from .offsets import START, Offset, check_thread, offset_key
 from .protocol import (
     MAX_EVENTS_PER_PUBLISH,
@@ -615,7 +615,7 @@ class HubClient:
         :class:`~agui_hub.errors.HubUnreachable`.
         """
         check_thread(thread)
-        return await self._publish([validate_wire(event) for event in events], thread,
+        return await self._publish(validate_batch(events), thread,
                                    event_ids, timeout)  # fmt: skip
 
     async def _publish(
@@ -902,7 +902,10 @@ class HubClient:
         thread = frame.get("thread") if isinstance(frame.get("thread"), str) else None
         future = self._pending.get(command_id)  # type: ignore[arg-type]
         if future is not None and not future.done():
-            future.set_exception(from_error_frame(code, message, thread))
+            index = frame.get("index")
+            future.set_exception(
+                from_error_frame(code, message, thread, index if type(index) is int else None)
+            )
             return
         if sub is not None and command_id is not None and command_id == sub._awaiting:
             if code == "store_unavailable":

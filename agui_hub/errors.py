@@ -61,6 +61,10 @@ class ProtocolError(AguiHubError):
 
     code = "protocol_error"
 
+    index: int | None = None
+    """For an error about one event of a published batch: that event's
+    position in the batch (0-based); ``None`` otherwise."""
+
 
 class DecodeError(ProtocolError):
     """The payload is not well-formed msgpack or JSON, or not of the expected shape.
@@ -286,12 +290,15 @@ class CommandRejected(ClientError):
 _RULE = re.compile(r"^\[([a-z_]+)\]")
 
 
-def from_error_frame(code: str, message: str, thread: str | None = None) -> AguiHubError:
+def from_error_frame(
+    code: str, message: str, thread: str | None = None, index: int | None = None
+) -> AguiHubError:
     """The exception that a gateway error frame stands for, with the gateway's message.
 
     ``invalid_event``, ``sequence_error``, ``chunk_error``,
     ``payload_too_large`` and ``store_unavailable`` give the classes a local
-    publish raises; any other code gives :class:`CommandRejected`.
+    publish raises; any other code gives :class:`CommandRejected`. *index*
+    (the frame's ``index``) becomes :attr:`ProtocolError.index`.
     """
     exc: AguiHubError
     if code in ("sequence_error", "chunk_error"):
@@ -312,4 +319,6 @@ def from_error_frame(code: str, message: str, thread: str | None = None) -> Agui
         exc = StoreUnavailable(message)
     else:
         exc = CommandRejected(code, message, thread)
+    if isinstance(exc, ProtocolError) and type(index) is int:
+        exc.index = index
     return exc

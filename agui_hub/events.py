@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import (
     Annotated,
@@ -58,6 +59,7 @@ __all__ = [
     "parse_event",
     "parse_message",
     "to_wire",
+    "validate_batch",
     "validate_wire",
 ]
 
@@ -928,3 +930,19 @@ def validate_wire(obj: Any) -> dict[str, Any]:
         return to_wire(event)
     except (ValueError, RecursionError) as exc:
         raise InvalidEvent(f"invalid {event.type.value} event: {exc}") from None
+
+
+def validate_batch(events: Iterable[Any]) -> list[dict[str, Any]]:
+    """:func:`validate_wire` for each of *events*, in order.
+
+    The :class:`InvalidEvent` raised for a bad event carries that event's
+    position in *events* as its ``index``.
+    """
+    wires = []
+    for index, event in enumerate(events):
+        try:
+            wires.append(validate_wire(event))
+        except InvalidEvent as exc:
+            exc.index = index
+            raise
+    return wires

@@ -342,11 +342,18 @@ def pong_frame(command_id: Any) -> dict[str, Any]:
 
 
 def error_frame(
-    code: str, message: str, command_id: Any = None, thread: str | None = None
+    code: str,
+    message: str,
+    command_id: Any = None,
+    thread: str | None = None,
+    index: int | None = None,
 ) -> dict[str, Any]:
+    """An error frame; *index* is the position, in a publish, of the event at fault."""
     frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if thread is not None:
         frame["thread"] = thread
+    if index is not None:
+        frame["index"] = index
     return _with_id(frame, command_id)
 
 

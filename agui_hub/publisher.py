@@ -39,8 +39,8 @@ from urllib.parse import urlsplit
 
 from .client import HubClient
 from .codec import Encoding
-from .errors import HubUnreachable, StoreUnavailable
-from .events import validate_wire
+from .errors import HubUnreachable, ProtocolError, StoreUnavailable
+from .events import validate_batch
 from .offsets import Offset, check_thread
 from .protocol import MAX_EVENTS_PER_PUBLISH, check_event_ids
 from .store import ThreadStore, open_store
@@ -157,17 +157,24 @@ class Publisher:
         A batch of up to 1000 events is stored all or nothing; a longer one
         is sent as consecutive batches of 1000 (each all or nothing, in
         order). Much faster than one call per event when events are ready
-        together.
+        together. An :class:`~agui_hub.errors.InvalidEvent` or
+        :class:`~agui_hub.errors.SequenceError` names the event at fault by its
+        ``index`` in *events*.
         """
         check_thread(thread)
-        wires = [validate_wire(event) for event in events]
+        wires = validate_batch(events)
         ids = check_event_ids(event_ids, len(wires))
         if ids is None:
             ids = [self.new_event_id() for _ in wires]
         offsets: list[Offset] = []
         for begin in range(0, len(wires), MAX_EVENTS_PER_PUBLISH):
             end = begin + MAX_EVENTS_PER_PUBLISH
-            offsets += await self._publish(thread, wires[begin:end], ids[begin:end])
+            try:
+                offsets += await self._publish(thread, wires[begin:end], ids[begin:end])
+            except ProtocolError as exc:
+                if exc.index is not None:
+                    exc.index += begin  # a position in the caller's events
+                raise
         return offsets
 
     async def _publish(

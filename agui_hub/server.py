@@ -30,7 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from .codec import DEFAULT_MAX_SIZE, Encoding
-from .errors import AguiHubError, StoreUnavailable
+from .errors import AguiHubError, ProtocolError, StoreUnavailable
 from .hub import Hub
 from .protocol import (
     SUBPROTOCOLS,
@@ -241,7 +241,8 @@ class Connection:
         except CommandError as exc:
             self.reply(error_frame(exc.code, str(exc), exc.command_id, thread))
         except AguiHubError as exc:
-            self.reply(error_frame(exc.code, str(exc), command_id, thread))
+            index = exc.index if isinstance(exc, ProtocolError) else None
+            self.reply(error_frame(exc.code, str(exc), command_id, thread, index))
 
     async def _subscribe(self, command: Subscribe) -> None:
         gateway = self.gateway

@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 
 from .errors import OffsetExpired, ProtocolError, SequenceError
-from .events import validate_wire
+from .events import validate_batch
 from .offsets import START, Offset
 from .protocol import check_event_ids
 from .sequence import SequenceVerifier
@@ -82,7 +82,7 @@ class ThreadWriter:
         :class:`~agui_hub.errors.StoreError` (after
         :class:`~agui_hub.errors.StoreUnavailable`, retry with the same ids).
         """
-        wires = [validate_wire(event) for event in events]
+        wires = validate_batch(events)
         ids = check_event_ids(event_ids, len(wires))
         if ids is None:
             ids = [uuid.uuid4().hex for _ in wires]
@@ -95,7 +95,7 @@ class ThreadWriter:
             seen = await self._caught_up(thread)
             judged = wires
             try:
-                trial, window = _try(seen, judged)
+                trial, window = _try(seen, judged, range(len(wires)))
             except SequenceError:
                 # Perhaps a retry of events that are stored already (the catch-up
                 # just folded them in): those are answered with their offsets, and
@@ -105,10 +105,11 @@ class ThreadWriter:
                 known = await self.store.stored_ids(thread, ids) if event_ids else {}
                 if not known:
                     raise
-                judged = [w for w, i in zip(wires, ids, strict=True) if i not in known]
-                if not judged:
+                positions = [n for n, i in enumerate(ids) if i not in known]
+                if not positions:
                     return [known[i] for i in ids]
-                trial, window = _try(seen, judged)
+                judged = [wires[n] for n in positions]
+                trial, window = _try(seen, judged, positions)
             offsets = await self.store.append(
                 thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
             )
@@ -191,21 +192,31 @@ _ID_KEYS = ("messageId", "toolCallId", "stepName", "subagentRunId")
 
 
 def _try(
-    seen: _Seen, wires: list[dict[str, Any]]
+    seen: _Seen, wires: list[dict[str, Any]], positions: Sequence[int]
 ) -> tuple[SequenceVerifier | None, set[str] | None]:
-    """Judge *wires* after what *seen* knows, changing nothing of it.
+    """Judge *wires* (at *positions* of the published batch) after what *seen*
+    knows, changing nothing of it.
 
     Returns the verifier and window to keep once they are stored, or
     ``(None, None)`` for a single event that was only checked (apply it to
-    ``seen.verifier`` after the append). Raises :class:`SequenceError`.
+    ``seen.verifier`` after the append). Raises :class:`SequenceError` with
+    the offending event's position as its ``index``.
     """
     if len(wires) == 1 and seen.window is None:
-        seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
+        try:
+            seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
+        except SequenceError as exc:
+            exc.index = positions[0]
+            raise
         return None, None
     trial = seen.verifier.copy()
     window = None if seen.window is None else set(seen.window)
-    for wire in wires:
-        _verify(trial, wire, window)
+    for wire, position in zip(wires, positions, strict=True):
+        try:
+            _verify(trial, wire, window)
+        except SequenceError as exc:
+            exc.index = position
+            raise
     return trial, window
 
 

@@ -1159,6 +1159,7 @@ async def test_publish_sequence_error_stores_nothing(env: Env, encoding: str) ->
     with pytest.raises(SequenceError) as info:
         await client.publish(thread, bad, ["b1", "b2", "b3"])
     assert info.value.rule == "message_not_open"
+    assert info.value.index == 2  # from the error frame
     assert "nope" in str(info.value)
     with pytest.raises(SequenceError) as info:
         await client.publish(thread, [{"type": "RUN_FINISHED", "threadId": thread, "runId": "r1"}])

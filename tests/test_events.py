@@ -35,6 +35,7 @@ from agui_hub.events import (
     EventType,
     parse_event,
     to_wire,
+    validate_batch,
     validate_wire,
 )
 
@@ -1185,3 +1186,21 @@ def test_fast_path_agrees_with_the_model_path_on_valid_flat_events(
             assert key not in fast
         else:
             assert fast[key] == value
+
+
+def test_validate_batch_names_the_position_of_the_bad_event() -> None:
+    good = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "x"}
+    assert validate_batch([good, good]) == [validate_wire(good)] * 2
+    assert validate_batch(iter([])) == []
+    for bad, index in (
+        ([{"type": "NOPE"}, good], 0),
+        ([good, good, {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1"}], 2),
+        ([good, "not an object"], 1),
+    ):
+        with pytest.raises(InvalidEvent) as caught:
+            validate_batch(bad)
+        assert caught.value.index == index
+    # validate_wire on its own has no batch to point into.
+    with pytest.raises(InvalidEvent) as single:
+        validate_wire({"type": "NOPE"})
+    assert single.value.index is None

@@ -223,6 +223,7 @@ async def test_a_long_batch_is_stored_batch_by_batch(backend: Backend) -> None:
         with pytest.raises(SequenceError) as caught:
             await within(publisher.publish_batch(thread, [*head, *tail]))
         assert caught.value.rule == "message_not_open"
+        assert caught.value.index == 1001  # counted in the caller's events
         rows = await backend.stored(publisher, thread)
         assert [event for _, event, _ in rows] == head
         # The producer resends what was not stored, corrected.

@@ -239,19 +239,21 @@ def test_walkthrough(
 def replay_events(port: int, thread: str) -> list[dict[str, Any]]:
     async def read() -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        async with HubClient(f"ws://127.0.0.1:{port}") as hub:
-            async with hub.subscribe(thread, "start") as sub:
-                newest = None
-                async with asyncio.timeout(WAIT):
-                    async for item in sub:
-                        if newest is None and hasattr(item, "recovered"):
-                            newest = item.offset  # type: ignore[union-attr]
-                            if newest == "0-0":
-                                break
-                        if isinstance(item, ThreadEvent):
-                            events.append(item.event)
-                            if item.offset == newest:
-                                break
+        async with (
+            HubClient(f"ws://127.0.0.1:{port}") as hub,
+            hub.subscribe(thread, "start") as sub,
+        ):
+            newest = None
+            async with asyncio.timeout(WAIT):
+                async for item in sub:
+                    if newest is None and hasattr(item, "recovered"):
+                        newest = item.offset  # type: ignore[union-attr]
+                        if newest == "0-0":
+                            break
+                    if isinstance(item, ThreadEvent):
+                        events.append(item.event)
+                        if item.offset == newest:
+                            break
         return events
 
     return asyncio.run(read())

@@ -752,6 +752,7 @@ async def test_invalid_event_is_rejected_and_nothing_stored(harness: Harness) ->
         assert reply["type"] == "error", reply
         assert (reply["code"], reply["id"], reply["thread"]) == ("invalid_event", 9, thread)
         assert reply["message"]
+        assert reply["index"] == len(bad_batch) - 1  # the last event of each is at fault
     more = await client.publish(thread, good[3:6])
     frames = await viewer.until_offset(thread, more[-1])
     assert events_of(frames) == list(zip(more, good[3:6], strict=True))
@@ -792,6 +793,7 @@ async def test_sequence_error_stores_nothing_of_the_batch(harness: Harness) -> N
     )
     assert (reply["type"], reply["code"], reply["id"]) == ("error", "sequence_error", "b")
     assert "message_not_open" in reply["message"]
+    assert reply["index"] == 2  # the third event is at fault
     # RUN_FINISHED with a message open.
     reply = await client.request(
         {"type": "publish", "id": "f", "thread": thread, "events": [good[-1]]}

@@ -162,8 +162,10 @@ async def test_an_invalid_event_stores_nothing(stores: Stores) -> None:
     with pytest.raises(InvalidEvent) as caught:
         await publish(writer, thread, [run_started(thread, "r1"), start("m1"), missing_delta])
     assert "delta" in str(caught.value)
-    with pytest.raises(InvalidEvent):
+    assert caught.value.index == 2  # the position of the event at fault
+    with pytest.raises(InvalidEvent) as caught:
         await publish(writer, thread, [{"type": "NOT_AN_AGUI_EVENT"}])
+    assert caught.value.index == 0
 
     assert await stored(store, thread) == []
     assert await within(store.epoch(thread)) is None  # not even created
@@ -184,6 +186,7 @@ async def test_a_sequence_error_in_a_batch_stores_none_of_it(stores: Stores) -> 
     error = caught.value
     assert error.rule == "message_not_open"
     assert error.event == content("m2", "b")
+    assert error.index == 2
     assert error.thread == thread
     assert "[message_not_open] TEXT_MESSAGE_CONTENT" in str(error) and "'m2'" in str(error)
     assert await stored(store, thread) == [(first[0], run_started(thread, "r1"), "rs")]
@@ -198,7 +201,7 @@ async def test_a_sequence_error_in_a_batch_stores_none_of_it(stores: Stores) -> 
     # A single event goes through the same check (a faster path in the writer).
     with pytest.raises(SequenceError) as single:
         await publish(writer, thread, [end("m1")])
-    assert single.value.rule == "message_not_open"
+    assert (single.value.rule, single.value.index) == ("message_not_open", 0)
     assert len(await stored(store, thread)) == 5
     assert len(await publish(writer, thread, [run_finished(thread, "r1")])) == 1
 
@@ -227,9 +230,11 @@ async def test_a_retry_with_the_same_ids_stores_nothing_twice(stores: Stores) ->
     assert increasing(again)
     assert await stored(store, thread) == list(zip(again, more, [*ids, "a4", "a5"], strict=True))
 
-    # A partly known batch whose new part breaks the rules stores nothing new.
-    with pytest.raises(SequenceError):
+    # A partly known batch whose new part breaks the rules stores nothing new;
+    # the error names the event's position in the whole batch.
+    with pytest.raises(SequenceError) as caught:
         await publish(writer, thread, [*more, content("m1", "late")], [*ids, "a4", "a5", "a6"])
+    assert caught.value.index == 5
     assert len(await stored(store, thread)) == 5
 
 
