@@ -20,10 +20,9 @@ client. Measured in the same run, against ceilings measured in the same run:
      decodes every frame (``msgpack.unpackb`` / ``json.loads``): the ceiling;
    * ``HubClient.subscribe(thread, "start")`` iterated to the last offset,
      subscribing as soon as the client is connected, as the README does
-     ("at once"), and 50 ms later, outside the timing ("settled"): right after
-     ``connect()`` the subscribe command goes out twice (``_add`` and the
-     connection task's first resubscription), so the gateway replays the
-     history twice and the client drops the first replay;
+     ("at once"), and 50 ms later, outside the timing ("settled"), once the
+     client's connection task runs; the two must agree (the client sends one
+     subscribe per connection either way);
    * settled, with ``state=True``, and with ``expand_chunks=True``;
 
    for msgpack and JSON. One bare run per run and encoding is the ceiling of
@@ -476,7 +475,7 @@ async def receive_client(
 
     As the README does it: subscribe as soon as the client is connected. With
     *settle*, 50 ms later (outside the timing), once the client's connection
-    task runs: the first subscribe is then sent once, not twice.
+    task runs.
     """
     count, subscribed, note = 0, 0, ""
     async with HubClient(host.url, encoding=encoding, give_up_after=timeout) as hub:
