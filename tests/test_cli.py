@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,26 +35,16 @@ import pytest
 from agui_hub.demo import demo_run
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
+from .processes import CLI, ROOT, GatewayProcess, child_env
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[1]
 WAIT = 10 * TIMEOUT_SCALE
-CLI = [sys.executable, "-m", "agui_hub.cli"]
 Event = dict[str, Any]
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def child_env(url: str | None = None) -> dict[str, str]:
-    """The environment of a child: no AGUI_HUB_* or NO_COLOR from ours; *url* as AGUI_HUB_URL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGUI_HUB_") and k != "NO_COLOR"}
-    env["PYTHONUNBUFFERED"] = "1"
-    if url is not None:
-        env["AGUI_HUB_URL"] = url
-    return env
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
@@ -199,83 +186,20 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 # -- gateway processes -----------------------------------------------------------------------
 
 
-def http_status(port: int, path: str) -> int | None:
-    """The status of ``GET path`` on the loopback port, or None if nothing answers."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(
-                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
-            )
-            head = sock.recv(64).decode("latin-1")
-    except OSError:
-        return None
-    parts = head.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-        return None
-    return int(parts[1]) if parts[1].isdigit() else None
-
-
-class Gateway:
-    """One ``agui-hub serve`` process on a loopback port."""
-
-    def __init__(self, workdir: Path, store: str, port: int) -> None:
-        self.store = store
-        self.port = port
-        self.log_path = workdir / f"gateway-{port}.log"
-        args = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--store", store]
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                args,
-                cwd=ROOT,
-                env=child_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self) -> bool:
-        """Wait for the listening line and /readyz; False if the process exited."""
-        ready = f"agui-hub listening on ws://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 2 * WAIT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return False
-            if ready in self.log() and http_status(self.port, "/readyz") == 200:
-                return True
-            time.sleep(0.05)
-        raise RuntimeError(f"gateway on port {self.port} not ready in time:\n{self.log()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=WAIT)
-
-    def check_log(self) -> None:
-        log = self.log()
-        assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
-
-
-def start_gateway(workdir: Path, store: str, port: int | None = None) -> Gateway:
+def start_gateway(workdir: Path, store: str, port: int | None = None) -> GatewayProcess:
     """A ready gateway on a free port (or *port*); a few attempts when the port was taken."""
     gateway = None
     for _attempt in range(1 if port else 3):
-        gateway = Gateway(workdir, store, port or free_port())
-        if gateway.wait_ready():
+        chosen = port or free_port()
+        gateway = GatewayProcess(workdir / f"gateway-{chosen}.log", chosen, store)
+        if gateway.wait_healthy(2 * WAIT / TIMEOUT_SCALE, path="/readyz"):
             return gateway
     assert gateway is not None
     raise RuntimeError(f"gateway exited at start:\n{gateway.log()}")
 
 
 @contextlib.contextmanager
-def gateway_process(workdir: Path, store: str, port: int | None = None) -> Iterator[Gateway]:
+def gateway_process(workdir: Path, store: str, port: int | None = None) -> Iterator[GatewayProcess]:
     workdir.mkdir(parents=True, exist_ok=True)
     gateway = start_gateway(workdir, store, port)
     try:
@@ -283,7 +207,7 @@ def gateway_process(workdir: Path, store: str, port: int | None = None) -> Itera
     finally:
         gateway.kill()
     print(gateway.log()[-3000:])  # shown when the test failed
-    gateway.check_log()
+    assert not gateway.logged_errors(), gateway.log()[-4000:]
 
 
 def redis_url(redis: RedisServer, prefix: str | None = None) -> str:
@@ -291,7 +215,7 @@ def redis_url(redis: RedisServer, prefix: str | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def memory_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def memory_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """One gateway on the memory store for the module; tests use threads of their own."""
     with gateway_process(tmp_path_factory.mktemp("gw-memory"), "memory://") as gateway:
         yield gateway
@@ -300,7 +224,7 @@ def memory_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway
 @pytest.fixture(scope="module")
 def redis_gateway(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
-) -> Iterator[Gateway]:
+) -> Iterator[GatewayProcess]:
     """One gateway on the shared redis-server (a key prefix of its own) for the module."""
     store = redis_url(redis_server)
     with gateway_process(tmp_path_factory.mktemp("gw-redis"), store) as gateway:
@@ -308,8 +232,8 @@ def redis_gateway(
 
 
 @pytest.fixture(params=["memory", "redis"])
-def gateway(request: pytest.FixtureRequest) -> Gateway:
-    gw: Gateway = request.getfixturevalue(f"{request.param}_gateway")
+def gateway(request: pytest.FixtureRequest) -> GatewayProcess:
+    gw: GatewayProcess = request.getfixturevalue(f"{request.param}_gateway")
     return gw
 
 
@@ -389,7 +313,9 @@ def position_is(path: Path, offset: str) -> bool:
 # == tail --offset-file: SIGKILL and resume =======================================================
 
 
-def test_demo_two_tails_one_killed_three_times(gateway: Gateway, procs: Procs, tmp_path: Path):
+def test_demo_two_tails_one_killed_three_times(
+    gateway: GatewayProcess, procs: Procs, tmp_path: Path
+):
     """Tail A follows a demo run; tail B is SIGKILLed three times during it and resumed.
 
     concat(B1..B4) == A == a fresh replay transcript, byte for byte: every
@@ -447,7 +373,7 @@ def test_demo_two_tails_one_killed_three_times(gateway: Gateway, procs: Procs, t
 
 
 def test_tail_killed_then_restarted_after_the_run_finished(
-    memory_gateway: Gateway, procs: Procs, tmp_path: Path
+    memory_gateway: GatewayProcess, procs: Procs, tmp_path: Path
 ):
     thread, run_id = unique("late"), unique("run")
     pos = tmp_path / "late.pos"
@@ -471,7 +397,7 @@ def test_tail_killed_then_restarted_after_the_run_finished(
 
 
 def test_offset_file_continues_the_interrupted_line(
-    memory_gateway: Gateway, procs: Procs, tmp_path: Path
+    memory_gateway: GatewayProcess, procs: Procs, tmp_path: Path
 ):
     """Kills at chosen moments: mid reasoning, mid tool arguments (events published while
     the tail was dead), mid answer; each life continues the line where the last stopped."""
@@ -530,7 +456,7 @@ def test_offset_file_continues_the_interrupted_line(
 # == tail: starts, offset files, waiting for the gateway ===========================================
 
 
-def test_tail_from_live(memory_gateway: Gateway, procs: Procs, tmp_path: Path):
+def test_tail_from_live(memory_gateway: GatewayProcess, procs: Procs, tmp_path: Path):
     url = memory_gateway.url
     thread = unique("live")
     (tmp_path / "r1.ndjson").write_bytes(ndjson(small_run(thread, "r1")))
@@ -559,7 +485,7 @@ def test_tail_from_live(memory_gateway: Gateway, procs: Procs, tmp_path: Path):
     assert match.group(1) in published  # not r1, which was there before the tail
 
 
-def test_tail_from_snapshot_then_live_then_sigint(memory_gateway: Gateway, procs: Procs,
+def test_tail_from_snapshot_then_live_then_sigint(memory_gateway: GatewayProcess, procs: Procs,
                                                   tmp_path: Path):  # fmt: skip
     url = memory_gateway.url
     thread = unique("snap")
@@ -586,7 +512,7 @@ def test_tail_from_snapshot_then_live_then_sigint(memory_gateway: Gateway, procs
     assert "Traceback" not in tail.err()
 
 
-def test_tail_from_offset_and_epoch(memory_gateway: Gateway, procs: Procs, tmp_path: Path):
+def test_tail_from_offset_and_epoch(memory_gateway: GatewayProcess, procs: Procs, tmp_path: Path):
     url = memory_gateway.url
     thread, run_id = unique("offset"), unique("run")
     ok("demo", thread, "--url", url, "--run-id", run_id, "--speed", "0")
@@ -625,7 +551,9 @@ def test_tail_from_offset_and_epoch(memory_gateway: Gateway, procs: Procs, tmp_p
     assert "assistant: Paris is sunny" in out
 
 
-def test_tail_offset_file_of_another_thread_or_corrupt(memory_gateway: Gateway, tmp_path: Path):
+def test_tail_offset_file_of_another_thread_or_corrupt(
+    memory_gateway: GatewayProcess, tmp_path: Path
+):
     url = memory_gateway.url
     thread = unique("owner")
     (tmp_path / "run.ndjson").write_bytes(ndjson(small_run(thread, "r1")))
@@ -689,7 +617,7 @@ def test_tail_and_publish_started_before_the_gateway_wait_for_it(procs: Procs, t
 # == publish =======================================================================================
 
 
-def test_publish_file_then_pipe(memory_gateway: Gateway, tmp_path: Path):
+def test_publish_file_then_pipe(memory_gateway: GatewayProcess, tmp_path: Path):
     url = memory_gateway.url
     thread = unique("pub")
     first, second = small_run(thread, "r1"), small_run(thread, "r2", "second ✓")
@@ -707,7 +635,7 @@ def test_publish_file_then_pipe(memory_gateway: Gateway, tmp_path: Path):
 
 
 def test_publish_replay_json_roundtrip_and_idempotent_envelopes(
-    memory_gateway: Gateway, procs: Procs, tmp_path: Path
+    memory_gateway: GatewayProcess, procs: Procs, tmp_path: Path
 ):
     url = memory_gateway.url
     source, copy = unique("src"), unique("copy")
@@ -750,7 +678,7 @@ def test_publish_replay_json_roundtrip_and_idempotent_envelopes(
 
 @pytest.mark.parametrize("via", ["gateway", "redis"])
 def test_publish_refuses_a_broken_sequence_and_stores_nothing(
-    via: str, redis_gateway: Gateway, tmp_path: Path
+    via: str, redis_gateway: GatewayProcess, tmp_path: Path
 ):
     """docs/client.md: the error names the line and the rule; nothing of the file is stored."""
     url = redis_gateway.url if via == "gateway" else redis_gateway.store
@@ -771,7 +699,7 @@ def test_publish_refuses_a_broken_sequence_and_stores_nothing(
     assert (empty.code, empty.out) == (0, b"")
 
 
-def test_publish_refuses_a_line_that_is_not_json(memory_gateway: Gateway, tmp_path: Path):
+def test_publish_refuses_a_line_that_is_not_json(memory_gateway: GatewayProcess, tmp_path: Path):
     url = memory_gateway.url
     thread = unique("nojson")
     good = small_run(thread, "r1")
@@ -794,7 +722,7 @@ def test_publish_refuses_a_line_that_is_not_json(memory_gateway: Gateway, tmp_pa
 
 
 def test_publish_into_redis_and_replay_from_redis_and_gateway(
-    redis_gateway: Gateway, redis_server: RedisServer, tmp_path: Path
+    redis_gateway: GatewayProcess, redis_server: RedisServer, tmp_path: Path
 ):
     # Straight into a Redis of its own prefix, read back from there.
     store = redis_url(redis_server)
@@ -823,7 +751,7 @@ def test_publish_into_redis_and_replay_from_redis_and_gateway(
 
 
 @pytest.mark.parametrize("where", ["gateway", "redis"])
-def test_replay_of_an_empty_thread(where: str, redis_gateway: Gateway):
+def test_replay_of_an_empty_thread(where: str, redis_gateway: GatewayProcess):
     url = redis_gateway.url if where == "gateway" else redis_gateway.store
     thread = unique("empty")
     for args in (["--json"], []):
@@ -833,7 +761,7 @@ def test_replay_of_an_empty_thread(where: str, redis_gateway: Gateway):
         assert f"thread {thread!r} has no events" in result.err
 
 
-def test_demo_with_the_same_run_id_twice_stores_it_once(memory_gateway: Gateway):
+def test_demo_with_the_same_run_id_twice_stores_it_once(memory_gateway: GatewayProcess):
     url = memory_gateway.url
     thread, run_id = unique("twice"), unique("run")
     first = ok("demo", thread, "--url", url, "--run-id", run_id, "--speed", "0")

@@ -56,6 +56,7 @@ from agui_hub.store import Retention, ThreadStore
 from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
+from .runs import realistic_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,54 +70,9 @@ Event = dict[str, Any]
 # -- event streams ------------------------------------------------------------------------
 
 
-def run_events(thread: str, run: str, *, turns: int = 2, deltas: int = 12) -> list[Event]:
-    """One agent run: text messages, tool calls with results, state deltas."""
-    events: list[Event] = [
-        {"type": "RUN_STARTED", "threadId": thread, "runId": run},
-        {"type": "STATE_SNAPSHOT", "snapshot": {"progress": 0, "notes": [], "run": run}},
-    ]
-    for turn in range(turns):
-        message, call = f"{run}-m{turn}", f"{run}-tc{turn}"
-        events.append({"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"})
-        events += [
-            {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": f"tök{k}✓ "}
-            for k in range(deltas)
-        ]
-        events.append({"type": "TEXT_MESSAGE_END", "messageId": message})
-        events.append(
-            {
-                "type": "TOOL_CALL_START",
-                "toolCallId": call,
-                "toolCallName": "search",
-                "parentMessageId": message,
-            }
-        )
-        events += [
-            {"type": "TOOL_CALL_ARGS", "toolCallId": call, "delta": f'{{"q{k}": "é{k}"}}'}
-            for k in range(4)
-        ]
-        events.append({"type": "TOOL_CALL_END", "toolCallId": call})
-        events.append(
-            {
-                "type": "TOOL_CALL_RESULT",
-                "messageId": f"{run}-r{turn}",
-                "toolCallId": call,
-                "content": f"result {turn}",
-            }
-        )
-        events.append(
-            {
-                "type": "STATE_DELTA",
-                "delta": [
-                    {"op": "replace", "path": "/progress", "value": turn + 1},
-                    {"op": "add", "path": "/notes/-", "value": f"note {turn}"},
-                ],
-            }
-        )
-    events.append(
-        {"type": "RUN_FINISHED", "threadId": thread, "runId": run, "result": {"turns": turns}}
-    )
-    return events
+def run_events(thread: str, run: str, *, turns: int = 2) -> list[Event]:
+    """A short :func:`realistic_run` (~50 events for two turns)."""
+    return realistic_run(thread, run, turns=turns, deltas=12, args=4)
 
 
 def opening(thread: str, run: str, message: str) -> list[Event]:
@@ -529,7 +485,7 @@ async def test_position_carries_over_to_another_client(mem: Env, encoding: str) 
     gateway = await mem.gateway()
     writer = mem.writer()
     thread = "handover"
-    events = run_events(thread, "r1", turns=2)
+    events = run_events(thread, "r1")
     offsets = await publish_all(writer, thread, events)
     first = await mem.client(gateway, encoding)
     async with first.subscribe(thread, "start") as sub:
@@ -853,7 +809,7 @@ async def test_resume_after_the_thread_was_recreated_gets_a_snapshot(
     await asyncio.wait_for(gateway.drain(), WAIT)
     store = env.store()
     assert await store.delete(thread)
-    second = run_events(thread, "r2", turns=2)
+    second = run_events(thread, "r2")
     head, tail = second[:30], second[30:]
     head_offsets = await publish_all(writer, thread, head, batch=10)
     new_epoch = await store.epoch(thread)
@@ -1049,7 +1005,7 @@ async def test_state_follows_the_fold_of_the_thread(env: Env, encoding: str) -> 
     gateway = await env.gateway()
     thread = "state"
     writer = env.writer()
-    history = run_events(thread, "r1", turns=2)
+    history = run_events(thread, "r1")
     offsets = await publish_all(writer, thread, history)
     client = await env.client(gateway, encoding)
     subs = {
@@ -1432,7 +1388,7 @@ async def test_two_clients_see_identical_sequences(env: Env) -> None:
     clients = [await env.client(gateway, encoding) for encoding in ENCODINGS]
     readers = [Reader(await c.subscribe(thread, "start").open()) for c in clients]
     publisher = await env.client(gateway, "json")
-    more = run_events(thread, "r2", turns=2)
+    more = run_events(thread, "r2")
     for i in range(0, len(more), 13):
         offsets += await publisher.publish(thread, more[i : i + 13])
     for reader in readers:

@@ -18,9 +18,6 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,98 +31,16 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
+from .processes import GatewayProcess, http_status
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("AGUI_HUB_TEST_SEED", "20240611"))
 SUBPROTOCOL = {"json": "agui-hub.v1.json", "msgpack": "agui-hub.v1.msgpack"}
 Event = dict[str, Any]
 
 
 # -- gateway processes ----------------------------------------------------------------------
-
-
-def http_status(port: int, path: str, timeout: float = 0.5) -> int | None:
-    """The status of ``GET path`` on the loopback port, or None if nothing answers."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(
-                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                "Connection: close\r\n\r\n".encode()
-            )
-            head = sock.recv(64).decode("latin-1")
-    except OSError:
-        return None
-    parts = head.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-        return None
-    try:
-        return int(parts[1])
-    except ValueError:
-        return None
-
-
-class GatewayProcess:
-    """One ``python -m agui_hub.cli serve`` process, its output in a log file."""
-
-    def __init__(self, log_path: Path, port: int, store: str | None) -> None:
-        self.port = port
-        self.store = store
-        self.log_path = log_path
-        args = [sys.executable, "-m", "agui_hub.cli", "serve", "--host", "127.0.0.1"]
-        args += ["--port", str(port)]
-        if store is not None:
-            args += ["--store", store]
-        # Only our flags configure it: no AGUI_HUB_* from the test environment.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGUI_HUB_")}
-        env["PYTHONUNBUFFERED"] = "1"
-        with log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                args,
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_healthy(self, timeout: float = 20.0) -> bool:
-        """Wait for /healthz; False if the process exited (e.g. the port was taken)."""
-        # The log line too: a healthz answer alone could come from another
-        # process that got the port first.
-        ready = f"agui-hub listening on ws://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + timeout * TIMEOUT_SCALE
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return False
-            if ready in self.log() and http_status(self.port, "/healthz") == 200:
-                return True
-            time.sleep(0.05)
-        raise RuntimeError(f"gateway on port {self.port} not healthy in time:\n{self.log()}")
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
 
 
 class Gateways:
@@ -155,7 +70,7 @@ class Gateways:
             # Shown by pytest only when the test failed.
             print(f"---- gateway port {gateway.port} (exit {gateway.process.returncode}) ----")
             print(log[-4000:])
-            if "Traceback" in log or " ERROR " in log:
+            if gateway.logged_errors():
                 failures.append(f"gateway on port {gateway.port} logged an error:\n{log[-4000:]}")
         assert not failures, "\n".join(failures)
 

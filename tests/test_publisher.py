@@ -39,6 +39,7 @@ from agui_hub.store import Offset, ThreadStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .proxy import FaultProxy, WebSocketPayloads
+from .runs import content, end, new_thread, run_finished, run_started, start
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,30 +57,6 @@ async def within(awaitable: Awaitable[T], timeout: float = WAIT) -> T:
 
 
 # -- events ----------------------------------------------------------------------------------
-
-
-def run_started(thread: str, run: str = "r1") -> Event:
-    return {"type": "RUN_STARTED", "threadId": thread, "runId": run}
-
-
-def run_finished(thread: str, run: str = "r1") -> Event:
-    return {"type": "RUN_FINISHED", "threadId": thread, "runId": run}
-
-
-def start(message: str) -> Event:
-    return {"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"}
-
-
-def content(message: str, delta: str = "x") -> Event:
-    return {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": delta}
-
-
-def end(message: str) -> Event:
-    return {"type": "TEXT_MESSAGE_END", "messageId": message}
-
-
-def new_thread() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
 
 
 def increasing(offsets: Sequence[Offset]) -> bool:

@@ -31,6 +31,7 @@ from agui_hub.server import ConnectionState, Gateway, GatewayConfig
 from agui_hub.store import Retention, ThreadStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
+from .runs import realistic_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,56 +46,6 @@ Frame = dict[str, Any]
 
 
 # -- event streams ------------------------------------------------------------------------
-
-
-def realistic_run(thread: str, run: str, *, turns: int = 7, deltas: int = 25) -> list[Event]:
-    """One agent run: text messages, tool calls with results, state deltas (~290 events)."""
-    events: list[Event] = [
-        {"type": "RUN_STARTED", "threadId": thread, "runId": run},
-        {"type": "STATE_SNAPSHOT", "snapshot": {"progress": 0, "notes": [], "run": run}},
-    ]
-    for turn in range(turns):
-        message, call = f"{run}-m{turn}", f"{run}-tc{turn}"
-        events.append({"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"})
-        events += [
-            {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": f"tök{k}✓ "}
-            for k in range(deltas)
-        ]
-        events.append({"type": "TEXT_MESSAGE_END", "messageId": message})
-        events.append(
-            {
-                "type": "TOOL_CALL_START",
-                "toolCallId": call,
-                "toolCallName": "search",
-                "parentMessageId": message,
-            }
-        )
-        events += [
-            {"type": "TOOL_CALL_ARGS", "toolCallId": call, "delta": f'{{"q{k}": "é{k}"}}'}
-            for k in range(10)
-        ]
-        events.append({"type": "TOOL_CALL_END", "toolCallId": call})
-        events.append(
-            {
-                "type": "TOOL_CALL_RESULT",
-                "messageId": f"{run}-r{turn}",
-                "toolCallId": call,
-                "content": f"result {turn}",
-            }
-        )
-        events.append(
-            {
-                "type": "STATE_DELTA",
-                "delta": [
-                    {"op": "replace", "path": "/progress", "value": turn + 1},
-                    {"op": "add", "path": "/notes/-", "value": f"note {turn}"},
-                ],
-            }
-        )
-    events.append(
-        {"type": "RUN_FINISHED", "threadId": thread, "runId": run, "result": {"turns": turns}}
-    )
-    return events
 
 
 def text_deltas(message: str, count: int, *, start: int = 0, size: int = 0) -> list[Event]:

@@ -27,6 +27,7 @@ from agui_hub.store import START, Checkpoint, EventInput, Offset, Retention, Thr
 from agui_hub.writer import SequenceCheck, ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
+from .runs import content, end, new_thread, run_finished, run_started, start
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,30 +44,6 @@ async def within(awaitable: Awaitable[T]) -> T:
 
 
 # -- events -----------------------------------------------------------------------------------
-
-
-def run_started(thread: str, run: str) -> Event:
-    return {"type": "RUN_STARTED", "threadId": thread, "runId": run}
-
-
-def run_finished(thread: str, run: str) -> Event:
-    return {"type": "RUN_FINISHED", "threadId": thread, "runId": run}
-
-
-def start(message: str) -> Event:
-    return {"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"}
-
-
-def content(message: str, delta: str = "x") -> Event:
-    return {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": delta}
-
-
-def end(message: str) -> Event:
-    return {"type": "TEXT_MESSAGE_END", "messageId": message}
-
-
-def new_thread() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
 
 
 # -- stores -----------------------------------------------------------------------------------

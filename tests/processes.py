@@ -1,0 +1,111 @@
+"""Gateway processes for the tests that are about processes.
+
+:class:`GatewayProcess` runs ``python -m agui_hub.cli serve`` on a loopback
+port with its output in a log file; :func:`child_env` is the environment of
+every child the tests start (only their own flags configure it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .conftest import TIMEOUT_SCALE
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "agui_hub.cli"]
+
+
+def child_env(url: str | None = None) -> dict[str, str]:
+    """Our environment without AGUI_HUB_* and NO_COLOR; *url* as AGUI_HUB_URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGUI_HUB_") and k != "NO_COLOR"}
+    env["PYTHONUNBUFFERED"] = "1"
+    if url is not None:
+        env["AGUI_HUB_URL"] = url
+    return env
+
+
+def http_status(port: int, path: str, timeout: float = 0.5) -> int | None:
+    """The status of ``GET path`` on the loopback port, or None if nothing answers."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            head = sock.recv(64).decode("latin-1")
+    except OSError:
+        return None
+    parts = head.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+class GatewayProcess:
+    """One ``agui-hub serve`` process on 127.0.0.1:*port*, its output in *log_path*."""
+
+    def __init__(self, log_path: Path, port: int, store: str | None) -> None:
+        self.port = port
+        self.store = store
+        self.log_path = log_path
+        args = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port)]
+        if store is not None:
+            args += ["--store", store]
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env=child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = 20.0, path: str = "/healthz") -> bool:
+        """Wait until *path* answers 200; False if the process exited (e.g. the port
+        was taken), RuntimeError after *timeout* seconds."""
+        # The log line too: an answer alone could come from another process
+        # that got the port first.
+        ready = f"agui-hub listening on ws://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + timeout * TIMEOUT_SCALE
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            if ready in self.log() and http_status(self.port, path) == 200:
+                return True
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway on port {self.port}: {path} not 200 in time:\n{self.log()}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def logged_errors(self) -> bool:
+        log = self.log()
+        return "Traceback" in log or " ERROR " in log
