@@ -18,6 +18,7 @@ the gateway puts into its error frames, and a message a person can act on.
     └── StoreError                    the thread store could not do what was asked
         ├── StoreUnavailable          the backend (Redis) cannot be reached; retry
         ├── InvalidOffset             not an offset of the form "<ms>-<seq>"
+        ├── AppendConflict            the thread changed since the writer last read it
         ├── OffsetExpired             events after the offset were trimmed; resync
         │   └── ThreadReset           the thread's stream was lost or re-created; resync
         └── SubscriptionLagged        a live feed was not read fast enough; resubscribe
@@ -220,6 +221,25 @@ class ThreadReset(OffsetExpired):
             None,
             f"thread {thread!r} was reset (epoch {old_epoch} -> {new_epoch or 'deleted'}); "
             "resync from a snapshot",
+        )
+
+
+class AppendConflict(StoreError):
+    """A conditional append found the thread changed: nothing was appended.
+
+    Raised by :meth:`~agui_hub.store.ThreadStore.append` with ``expect`` when
+    another writer appended after the expected offset, or the thread's epoch
+    is not the expected one. Read what changed, judge the events again, and
+    append with the new expectation (:class:`~agui_hub.writer.ThreadWriter`
+    does this by itself).
+    """
+
+    code = "append_conflict"
+
+    def __init__(self, thread: str) -> None:
+        self.thread = thread
+        super().__init__(
+            f"thread {thread!r} changed since it was last read; read it again and retry"
         )
 
 

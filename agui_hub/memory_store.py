@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .errors import OffsetExpired
+from .errors import AppendConflict, OffsetExpired
 from .store import (
     START,
     Checkpoint,
     Entry,
     EventInput,
+    Expected,
     FeedSubscription,
     Offset,
     Retention,
@@ -104,13 +105,20 @@ class MemoryStore:
 
     # -- the contract ---------------------------------------------------------------------
 
-    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+    async def append(
+        self, thread: str, events: Sequence[EventInput], *, expect: Expected | None = None
+    ) -> list[Offset]:
         check_thread(thread)
         if not events:
             return []
         # Encode first: a value that cannot be encoded appends nothing.
         encoded = [encode_event_data(item.event) for item in events]
         state = self._get(thread)
+        if expect is not None and (
+            (state.epoch if state is not None else None) != expect.epoch
+            or (state is not None and state.last > offset_key(expect.after))
+        ):
+            raise AppendConflict(thread)
         if state is None:
             state = self._threads[thread] = _Thread(epoch=new_epoch())
         offsets: list[Offset] = []

@@ -20,7 +20,9 @@ Publishing (:meth:`RedisStore.append`) is one Lua script: it checks each event
 id, appends, creates the epoch if the thread is new, trims by length and age,
 refreshes the idle TTL and notifies live readers, atomically. A retried call
 with the same event ids returns the original offsets and appends nothing, so
-redis-py's automatic retries cannot duplicate an event.
+redis-py's automatic retries cannot duplicate an event. A conditional append
+(``expect``) first checks, in the same script, that the epoch is the expected
+one and that no entry follows the expected offset.
 
 Live tail: one reader per store object (per process) serves every thread that
 has local subscribers. It keeps one pub/sub connection, subscribes to a
@@ -51,13 +53,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import OffsetExpired, StoreError, StoreUnavailable
+from .errors import AppendConflict, OffsetExpired, StoreError, StoreUnavailable
 from .store import (
     PAGE_SIZE,
     START,
     Checkpoint,
     Entry,
     EventInput,
+    Expected,
     FeedSubscription,
     Offset,
     Retention,
@@ -100,14 +103,24 @@ def notify_channel(prefix: str, thread: str) -> str:
 
 # KEYS: stream, meta, ids
 # ARGV: epoch candidate, max_len, max_age_ms, ttl_ms, channel, n,
+#       expected after ("" appends unconditionally), expected epoch ("" for none),
 #       then n times: event id, run id, type, msgpack payload
-# Returns: {epoch, {offset per event}}
+# Returns: {epoch, {offset per event}}, or {"conflict"} when the expectation fails
 APPEND_SCRIPT = """
 local stream, meta, ids = KEYS[1], KEYS[2], KEYS[3]
 local max_len, max_age_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local channel, n = ARGV[5], tonumber(ARGV[6])
+local expect_after, expect_epoch = ARGV[7], ARGV[8]
 
 local epoch = redis.call('HGET', meta, 'epoch')
+if expect_after ~= '' then
+  -- Any entry after the expected offset was appended by someone else, by
+  -- this script or by a plain XADD: the caller must read it first.
+  if (epoch or '') ~= expect_epoch
+      or #redis.call('XRANGE', stream, '(' .. expect_after, '+', 'COUNT', 1) > 0 then
+    return {'conflict'}
+  end
+end
 if not epoch then
   epoch = ARGV[1]
   redis.call('HSET', meta, 'epoch', epoch)
@@ -116,7 +129,7 @@ local run = redis.call('HGET', meta, 'run') or ''
 
 local offsets, added = {}, 0
 for i = 0, n - 1 do
-  local base = 7 + i * 4
+  local base = 9 + i * 4
   local event_id, run_id = ARGV[base], ARGV[base + 1]
   local event_type, payload = ARGV[base + 2], ARGV[base + 3]
   local known = redis.call('HGET', ids, event_id)
@@ -511,6 +524,7 @@ class _QueuedAppend:
     """(event id, run id, type, msgpack) per event, flat, as the script takes them."""
     count: int
     done: asyncio.Future[list[Offset]]
+    expect: Expected | None
 
 
 class RedisStore:
@@ -575,7 +589,9 @@ class RedisStore:
 
     # -- writing --------------------------------------------------------------------------
 
-    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+    async def append(
+        self, thread: str, events: Sequence[EventInput], *, expect: Expected | None = None
+    ) -> list[Offset]:
         check_thread(thread)
         if not events:
             return []
@@ -588,7 +604,7 @@ class RedisStore:
                 encode_event_data(item.event),
             ]
         done: asyncio.Future[list[Offset]] = asyncio.get_running_loop().create_future()
-        self._queued.append(_QueuedAppend(thread, quads, len(events), done))
+        self._queued.append(_QueuedAppend(thread, quads, len(events), done, expect))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit(), name="agui-hub redis commit")
         # A cancelled caller cancels only its own future; the commit goes on for
@@ -600,14 +616,22 @@ class RedisStore:
         while self._queued:
             batch, self._queued = self._queued[:1000], self._queued[1000:]
             # Appends to one thread queued together become one script call, in
-            # arrival order; threads are independent of each other.
-            groups: dict[str, list[_QueuedAppend]] = {}
+            # arrival order; threads are independent of each other. A
+            # conditional append has its expectation, so a call of its own.
+            groups: list[tuple[str, list[_QueuedAppend]]] = []
+            shared: dict[str, list[_QueuedAppend]] = {}
             for queued in batch:
-                groups.setdefault(queued.thread, []).append(queued)
+                members = shared.get(queued.thread) if queued.expect is None else None
+                if members is not None:
+                    members.append(queued)
+                    continue
+                groups.append((queued.thread, [queued]))
+                if queued.expect is None:
+                    shared[queued.thread] = groups[-1][1]
             error: Exception | None = None
             replies: list[Any] = []
             try:
-                replies = await self._run_appends(list(groups.items()))
+                replies = await self._run_appends(groups)
             except asyncio.CancelledError:
                 for queued in batch:
                     if not queued.done.done():
@@ -617,10 +641,14 @@ class RedisStore:
                 error = self._unavailable(exc)
             except RedisError as exc:
                 error = StoreError(f"Redis error: {exc}")
-            for index, members in enumerate(groups.values()):
+            for index, (thread, members) in enumerate(groups):
                 reply = error or replies[index]
+                if not isinstance(reply, Exception) and len(reply) == 1:
+                    reply = AppendConflict(thread)
                 if isinstance(reply, Exception):
-                    failure = reply if error else StoreError(f"append failed: {reply}")
+                    failure = reply
+                    if not error and not isinstance(reply, AppendConflict):
+                        failure = StoreError(f"append failed: {reply}")
                     for queued in members:
                         if not queued.done.done():
                             queued.done.set_exception(failure)
@@ -641,6 +669,7 @@ class RedisStore:
         for attempt in range(2):
             calls = []
             for thread, members in groups:
+                expect = members[0].expect
                 args: list[Any] = [
                     secrets.token_hex(8),
                     r.max_len,
@@ -648,6 +677,8 @@ class RedisStore:
                     int(r.ttl * 1000),
                     notify_channel(self.prefix, thread),
                     sum(m.count for m in members),
+                    "" if expect is None else expect.after,
+                    "" if expect is None or expect.epoch is None else expect.epoch,
                 ]
                 for member in members:
                     args += member.quads

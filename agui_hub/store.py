@@ -49,6 +49,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .codec import encode_msgpack
 from .errors import (
+    AppendConflict,
     InvalidEvent,
     InvalidOffset,
     OffsetExpired,
@@ -61,9 +62,11 @@ from .offsets import START, Offset, check_thread, offset_key
 
 __all__ = [
     "START",
+    "AppendConflict",
     "Checkpoint",
     "Entry",
     "EventInput",
+    "Expected",
     "FeedSubscription",
     "InvalidOffset",
     "Offset",
@@ -119,6 +122,20 @@ class EventInput:
         """
         run_id = event.get("runId")
         return cls(event, event_id or uuid.uuid4().hex, run_id if isinstance(run_id, str) else None)
+
+
+class Expected(NamedTuple):
+    """What a conditional append expects of its thread: *epoch* (``None``: no
+    thread yet) and nothing stored after *after*.
+
+    A writer that verified events against everything up to *after* appends
+    with this, so that a concurrent append by anyone else (another process, a
+    plain ``XADD``) makes the append fail with
+    :class:`~agui_hub.errors.AppendConflict` instead of slipping in between.
+    """
+
+    epoch: str | None
+    after: Offset
 
 
 class Entry(NamedTuple):
@@ -197,10 +214,15 @@ class ThreadStore(Protocol):
 
     retention: Retention
 
-    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+    async def append(
+        self, thread: str, events: Sequence[EventInput], *, expect: Expected | None = None
+    ) -> list[Offset]:
         """Append *events* atomically, in order; return one offset per event.
 
         A retried event id returns the original offset and appends nothing.
+        With *expect*, append only if the thread still has ``expect.epoch``
+        and nothing after ``expect.after``; otherwise append nothing and raise
+        :class:`~agui_hub.errors.AppendConflict`.
         """
         ...
 

@@ -7,11 +7,13 @@ event reaches a stream only when it is a valid AG-UI 1.0 event that may come
 next in its thread. A batch is stored whole or not at all, and a batch
 retried with the same event ids is answered with the offsets already stored.
 
-The writer keeps one :class:`~agui_hub.sequence.SequenceVerifier` per thread
-and catches it up with whatever other writers (other processes, plain XADD
-producers) stored meanwhile before judging new events. Checks across writers
-that publish into one thread at the same instant are best effort; the store
-keeps one order either way.
+The writer keeps one :class:`~agui_hub.sequence.SequenceVerifier` per thread,
+judges new events against it and appends them on condition that nothing was
+stored after what it has seen (:class:`~agui_hub.store.Expected`): one round
+trip when it is the thread's only producer. When another writer (another
+process, a plain XADD producer) stored events meanwhile, the append fails
+with nothing stored; the writer reads those events, judges again and
+retries. So the sequence rules hold across writers too, exactly.
 """
 
 from __future__ import annotations
@@ -21,19 +23,22 @@ import contextlib
 import enum
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from .errors import OffsetExpired, ProtocolError, SequenceError
+from .errors import AppendConflict, OffsetExpired, ProtocolError, SequenceError, StoreUnavailable
 from .events import validate_batch
-from .offsets import START, Offset
+from .offsets import START, Offset, offset_key
 from .protocol import check_event_ids
 from .sequence import SequenceVerifier
-from .store import Entry, EventInput, ThreadStore
+from .store import Entry, EventInput, Expected, ThreadStore
 
 __all__ = ["SequenceCheck", "ThreadWriter"]
+
+_MAX_ATTEMPTS = 20
+"""Catch-ups one publish may do before giving up (others keep appending)."""
 
 
 class SequenceCheck(enum.StrEnum):
@@ -52,10 +57,8 @@ class _Seen:
 
     verifier: SequenceVerifier
     after: Offset
-    """Everything up to here is folded into :attr:`verifier`..."""
+    """Everything up to here is folded into :attr:`verifier`."""
     epoch: str | None
-    own: set[Offset] = field(default_factory=set)
-    """...and so are these offsets after it: this writer's own latest appends."""
     window: set[str] | None = None
     """For a trimmed thread: the ids its kept events mention (``None``: not trimmed)."""
 
@@ -90,39 +93,74 @@ class ThreadWriter:
             return await self.store.append(
                 thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
             )
+        inputs = [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
         lock = self._locks.setdefault(thread, asyncio.Lock())
         async with lock:
-            seen = await self._caught_up(thread)
-            judged = wires
-            try:
-                trial, window = _try(seen, judged, range(len(wires)))
-            except SequenceError:
-                # Perhaps a retry of events that are stored already (the catch-up
-                # just folded them in): those are answered with their offsets, and
-                # only the others are judged. Asked only now, to spare a round trip
-                # on every publish; a retry that passes the rules again is
-                # harmless, as the append stores an id only once.
-                known = await self.store.stored_ids(thread, ids) if event_ids else {}
-                if not known:
-                    raise
-                positions = [n for n, i in enumerate(ids) if i not in known]
-                if not positions:
-                    return [known[i] for i in ids]
-                judged = [wires[n] for n in positions]
-                trial, window = _try(seen, judged, positions)
-            offsets = await self.store.append(
-                thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
-            )
-            if trial is None:  # one event, checked without a copy: apply it now
-                seen.verifier.verify(judged[0])
-            else:
-                seen.verifier, seen.window = trial, window
-            # Another writer may have appended between our read and our append:
-            # the next catch-up reads from the old position and skips our own.
-            seen.own.update(offsets)
-            if seen.epoch is None:  # this append created the thread
-                seen.epoch = await self.store.epoch(thread)
-            return offsets
+            # Judged against what this writer knows, appended on condition that
+            # nobody appended since: one round trip when it holds (the common
+            # case, one producer per thread); otherwise catch up and judge again.
+            seen = self._seen.get(thread)
+            fresh = seen is None
+            if seen is None:
+                seen = await self._caught_up(thread)
+            for _attempt in range(_MAX_ATTEMPTS):
+                try:
+                    judged = await self._judge(thread, seen, wires, ids, event_ids is not None)
+                except SequenceError:
+                    if fresh:
+                        raise
+                    # The rules may hold after what others stored meanwhile.
+                    seen, fresh = await self._caught_up(thread), True
+                    continue
+                if isinstance(judged, list):
+                    return judged  # every event was stored already
+                trial, window, first = judged
+                try:
+                    offsets = await self.store.append(
+                        thread, inputs, expect=Expected(seen.epoch, seen.after)
+                    )
+                except AppendConflict:
+                    seen, fresh = await self._caught_up(thread), True
+                    continue
+                if trial is None:  # one event, checked without a copy: apply it now
+                    seen.verifier.verify(first)
+                else:
+                    seen.verifier, seen.window = trial, window
+                seen.after = max([seen.after, *offsets], key=offset_key)
+                if seen.epoch is None:  # this append created the thread
+                    seen.epoch = await self.store.epoch(thread)
+                return offsets
+        raise StoreUnavailable(
+            f"thread {thread!r} kept changing under {_MAX_ATTEMPTS} attempts to append; "
+            "retry with the same event ids"
+        )
+
+    async def _judge(
+        self, thread: str, seen: _Seen, wires: list[dict[str, Any]], ids: list[str], retry: bool
+    ) -> list[Offset] | tuple[SequenceVerifier | None, set[str] | None, dict[str, Any]]:
+        """Judge *wires* after *seen*: what :func:`_try` returns plus the first
+        event judged, or the offsets of a batch that is stored already.
+
+        Raises :class:`SequenceError`.
+        """
+        try:
+            trial, window = _try(seen, wires, range(len(wires)))
+            return trial, window, wires[0]
+        except SequenceError:
+            # Perhaps a retry of events that are stored already (a catch-up
+            # folded them in): those are answered with their offsets, and only
+            # the others are judged. Asked only now, to spare a round trip on
+            # every publish; a retry that passes the rules again is harmless,
+            # as the append stores an id only once.
+            known = await self.store.stored_ids(thread, ids) if retry else {}
+            if not known:
+                raise
+        positions = [n for n, i in enumerate(ids) if i not in known]
+        if not positions:
+            return [known[i] for i in ids]
+        judged = [wires[n] for n in positions]
+        trial, window = _try(seen, judged, positions)
+        return trial, window, judged[0]
 
     def forget(self, thread: str) -> None:
         """Drop the cached sequence state of *thread* (it is rebuilt from the store)."""
@@ -140,13 +178,10 @@ class ThreadWriter:
             seen = self._seen[thread] = await self._rebuilt(thread, epoch)
             return seen
         for entry in entries:
-            if entry.offset in seen.own:
-                continue  # verified when we appended it
             with contextlib.suppress(ProtocolError, ValueError, msgpack.UnpackException):
                 seen.verifier.verify(msgpack.unpackb(entry.data, raw=False))
         if entries:
             seen.after = entries[-1].offset
-        seen.own.clear()
         self._seen[thread] = seen
         return seen
 

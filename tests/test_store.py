@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from agui_hub.errors import (
+    AppendConflict,
     InvalidEvent,
     InvalidOffset,
     OffsetExpired,
@@ -24,6 +25,7 @@ from agui_hub.store import (
     START,
     Checkpoint,
     EventInput,
+    Expected,
     Retention,
     ThreadStore,
     offset_key,
@@ -124,6 +126,68 @@ async def test_concurrent_retries_of_one_event_store_it_once(make_store: StoreFa
     results = await asyncio.gather(*(store.append("t", [item(7)]) for _ in range(10)))
     assert len({tuple(r) for r in results}) == 1
     assert deltas(await store.read("t")) == ["d7"]
+
+
+async def test_conditional_append_goes_through_only_on_an_unchanged_thread(
+    make_store: StoreFactory,
+) -> None:
+    store = await make_store()
+    # A thread that does not exist yet: expected as such.
+    with pytest.raises(AppendConflict):
+        await store.append("t", [item(0)], expect=Expected("not-an-epoch", START))
+    assert await store.epoch("t") is None  # nothing created
+    first = await store.append("t", [item(1)], expect=Expected(None, START))
+    epoch = await store.epoch("t")
+    assert epoch is not None
+
+    second = await store.append("t", [item(2), item(3)], expect=Expected(epoch, first[0]))
+    # Someone else appended after what the caller saw: nothing is appended.
+    for stale in (Expected(epoch, first[0]), Expected(epoch, START), Expected(None, START)):
+        with pytest.raises(AppendConflict) as caught:
+            await store.append("t", [item(4)], expect=stale)
+        assert caught.value.thread == "t" and caught.value.code == "append_conflict"
+    assert deltas(await store.read("t")) == ["d1", "d2", "d3"]
+
+    # A retried id under a holding expectation: its offset, nothing appended.
+    again = await store.append("t", [item(3), item(4)], expect=Expected(epoch, second[1]))
+    assert again[0] == second[1]
+    assert deltas(await store.read("t")) == ["d1", "d2", "d3", "d4"]
+
+    # A re-created thread has another epoch: the old expectation fails.
+    await store.delete("t")
+    await store.append("t", [item(9)])
+    with pytest.raises(AppendConflict):
+        await store.append("t", [item(10)], expect=Expected(epoch, again[1]))
+    assert deltas(await store.read("t")) == ["d9"]
+
+
+async def test_conditional_append_after_trimming_and_among_concurrent_appends(
+    make_store: StoreFactory,
+) -> None:
+    """Trimming is not a change: the expectation is about entries after the offset."""
+    store = await make_store(Retention(max_len=2))
+    offsets = await store.append("t", [item(i) for i in range(5)])
+    epoch = await store.epoch("t")
+    more = await store.append("t", [item(5)], expect=Expected(epoch, offsets[-1]))
+    assert deltas(await store.read("t", after=offsets[-1])) == ["d5"]
+
+    # Concurrent conditional appends with the same expectation: exactly one wins,
+    # whatever group commit puts into one round trip.
+    contenders = [
+        store.append("t", [item(100 + n)], expect=Expected(epoch, more[0])) for n in range(8)
+    ]
+    results = await asyncio.gather(*contenders, return_exceptions=True)
+    assert sum(isinstance(r, list) for r in results) == 1
+    assert all(isinstance(r, (list, AppendConflict)) for r in results), results
+    # Unconditional appends queued together with conditional ones keep working.
+    mixed = await asyncio.gather(
+        store.append("t", [item(200)]),
+        store.append("t", [item(201)], expect=Expected(epoch, more[0])),
+        store.append("t", [item(202)]),
+        return_exceptions=True,
+    )
+    assert isinstance(mixed[0], list) and isinstance(mixed[2], list)
+    assert isinstance(mixed[1], AppendConflict)
 
 
 async def test_run_id_is_inherited_from_run_started(make_store: StoreFactory) -> None:

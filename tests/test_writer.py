@@ -23,7 +23,15 @@ from agui_hub.memory_store import MemoryStore
 from agui_hub.offsets import offset_key
 from agui_hub.redis_store import RedisStore
 from agui_hub.reducer import ThreadState
-from agui_hub.store import START, Checkpoint, EventInput, Offset, Retention, ThreadStore
+from agui_hub.store import (
+    START,
+    Checkpoint,
+    EventInput,
+    Expected,
+    Offset,
+    Retention,
+    ThreadStore,
+)
 from agui_hub.writer import SequenceCheck, ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
@@ -388,14 +396,18 @@ class GatedAppends:
         self.store = store
         self.waiting = asyncio.Event()
         self.gate = asyncio.Event()
+        self.appends = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    async def append(self, thread: str, events: Sequence[EventInput]) -> list[Offset]:
+    async def append(
+        self, thread: str, events: Sequence[EventInput], *, expect: Expected | None = None
+    ) -> list[Offset]:
+        self.appends += 1
         self.waiting.set()
         await self.gate.wait()
-        return await self.store.append(thread, events)
+        return await self.store.append(thread, events, expect=expect)
 
 
 async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores) -> None:
@@ -407,23 +419,94 @@ async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores)
     await publish(b, thread, [run_started(thread, "r1")])
     gated.gate.clear()
     gated.waiting.clear()
+    gated.appends = 0
 
-    # B has read the thread and waits to append m2's start; A meanwhile
-    # publishes m1's start (both are valid at that instant).
+    # B has judged m2's start and waits to append it; A meanwhile publishes
+    # m1's start (both are valid at that instant).
     b_publish = asyncio.create_task(b.publish(thread, [start("m2")]))
     await within(gated.waiting.wait())
     await publish(a, thread, [start("m1")])
     gated.gate.set()
     await within(b_publish)
+    # B's first append found A's event after what it had seen and stored
+    # nothing; B read it, judged again and appended.
+    assert gated.appends == 2
     assert [e.get("messageId") for e in await stored_events(a_store, thread)] == [
         None,
         "m1",
         "m2",
     ]
 
-    # After the race both writers should know that m1 and m2 are open.
+    # After the race both writers know that m1 and m2 are open.
     await publish(a, thread, [content("m2", "A writes to m2")])
     await publish(b, thread, [content("m1", "B writes to m1")])
+
+
+async def test_a_race_that_would_break_the_rules_is_refused(stores: Stores) -> None:
+    """Two writers open the same message at the same instant: only one is stored."""
+    thread = new_thread()
+    a_store = stores.open()
+    gated = GatedAppends(stores.open())
+    a, b = ThreadWriter(a_store), ThreadWriter(cast(ThreadStore, gated))
+    gated.gate.set()
+    await publish(b, thread, [run_started(thread, "r1")])
+    gated.gate.clear()
+    gated.waiting.clear()
+
+    b_publish = asyncio.create_task(b.publish(thread, [start("m1"), content("m1", "B")]))
+    await within(gated.waiting.wait())
+    await publish(a, thread, [start("m1"), content("m1", "A")])
+    gated.gate.set()
+    with pytest.raises(SequenceError) as caught:
+        await within(b_publish)
+    assert (caught.value.rule, caught.value.index) == ("message_already_open", 0)
+    assert [e.get("delta") for e in await stored_events(a_store, thread)] == [None, None, "A"]
+    # B knows A's message now: it may continue it.
+    await publish(b, thread, [content("m1", "B"), end("m1")])
+
+
+class CountingStore:
+    """A real store that counts the calls a writer makes to it."""
+
+    def __init__(self, store: ThreadStore) -> None:
+        self.store = store
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return await method(*args, **kwargs)
+
+        return counted
+
+
+async def test_a_lone_writer_makes_one_store_call_per_publish(stores: Stores) -> None:
+    """Reads happen when the thread is new to the writer or someone else wrote."""
+    thread = new_thread()
+    counting = CountingStore(stores.open())
+    writer = ThreadWriter(cast(ThreadStore, counting))
+    await publish(writer, thread, [run_started(thread), start("m1")])
+    first = dict(counting.calls)
+    assert first["append"] == 1
+    counting.calls.clear()
+    for n in range(20):
+        await publish(writer, thread, [content("m1", f"d{n}")])
+    assert counting.calls == {"append": 20}
+
+    # Someone else appends (a plain producer, no writer): the next publish
+    # reads what it stored, once.
+    other = stores.open()
+    await other.append(thread, [EventInput.of(end("m1"), "plain-end")])
+    counting.calls.clear()
+    with pytest.raises(SequenceError) as caught:
+        await publish(writer, thread, [content("m1", "after the end")])
+    assert caught.value.rule == "message_not_open"
+    assert counting.calls.get("read", 0) == 1
+    counting.calls.clear()
+    await publish(writer, thread, [run_finished(thread)])
+    assert counting.calls == {"append": 1}
 
 
 async def test_a_batch_with_a_repeated_id_is_not_half_stored(stores: Stores) -> None:
