@@ -13,7 +13,10 @@ stored after what it has seen (:class:`~agui_hub.store.Expected`): one round
 trip when it is the thread's only producer. When another writer (another
 process, a plain XADD producer) stored events meanwhile, the append fails
 with nothing stored; the writer reads those events, judges again and
-retries. So the sequence rules hold across writers too, exactly.
+retries. So the sequence rules hold across writers too. The one leniency: in
+a thread whose beginning was trimmed away, an event that continues something
+the kept events never mention may continue what the trimmed part opened, and
+is accepted as if it did (once; what follows is judged as usual).
 """
 
 from __future__ import annotations
@@ -89,11 +92,9 @@ class ThreadWriter:
         ids = check_event_ids(event_ids, len(wires))
         if ids is None:
             ids = [uuid.uuid4().hex for _ in wires]
-        if self.sequence is SequenceCheck.OFF:
-            return await self.store.append(
-                thread, [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
-            )
         inputs = [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
+        if self.sequence is SequenceCheck.OFF:
+            return await self.store.append(thread, inputs)
         lock = self._locks.setdefault(thread, asyncio.Lock())
         async with lock:
             # Judged against what this writer knows, appended on condition that
@@ -103,9 +104,10 @@ class ThreadWriter:
             fresh = seen is None
             if seen is None:
                 seen = await self._caught_up(thread)
+            retry = event_ids is not None
             for _attempt in range(_MAX_ATTEMPTS):
                 try:
-                    judged = await self._judge(thread, seen, wires, ids, event_ids is not None)
+                    judged = await self._judge(thread, seen, wires, ids, retry)
                 except SequenceError:
                     if fresh:
                         raise
@@ -120,15 +122,27 @@ class ThreadWriter:
                         thread, inputs, expect=Expected(seen.epoch, seen.after)
                     )
                 except AppendConflict:
-                    seen, fresh = await self._caught_up(thread), True
+                    # What others stored may include these very events (an
+                    # append of ours that failed on the way back): look for
+                    # their ids too if the rules refuse them now.
+                    seen, fresh, retry = await self._caught_up(thread), True, True
                     continue
-                if trial is None:  # one event, checked without a copy: apply it now
+                after = offset_key(seen.after)
+                stored = [n for n, offset in enumerate(offsets) if offset_key(offset) > after]
+                if len(stored) < len(offsets):
+                    # Some ids were stored already (events published again that
+                    # passed the rules): the verifier gets what the stream got.
+                    for n in stored:
+                        _fold(seen, wires[n])
+                elif trial is None:  # one event, checked without a copy: apply it now
                     seen.verifier.verify(first)
                 else:
                     seen.verifier, seen.window = trial, window
                 seen.after = max([seen.after, *offsets], key=offset_key)
-                if seen.epoch is None:  # this append created the thread
-                    seen.epoch = await self.store.epoch(thread)
+                if seen.epoch is None:
+                    # This append created the thread: the next publish reads its
+                    # epoch with the stream (the thread may be re-created by then).
+                    del self._seen[thread]
                 return offsets
         raise StoreUnavailable(
             f"thread {thread!r} kept changing under {_MAX_ATTEMPTS} attempts to append; "
@@ -178,8 +192,8 @@ class ThreadWriter:
             seen = self._seen[thread] = await self._rebuilt(thread, epoch)
             return seen
         for entry in entries:
-            with contextlib.suppress(ProtocolError, ValueError, msgpack.UnpackException):
-                seen.verifier.verify(msgpack.unpackb(entry.data, raw=False))
+            with contextlib.suppress(ValueError, msgpack.UnpackException):
+                _fold(seen, msgpack.unpackb(entry.data, raw=False))
         if entries:
             seen.after = entries[-1].offset
         self._seen[thread] = seen
@@ -270,8 +284,10 @@ def _verify(verifier: SequenceVerifier, event: dict[str, Any], window: set[str] 
     """Verify *event*; in a trimmed thread, give the benefit of the doubt where due.
 
     An event that continues an entity the kept events never mention may
-    continue one opened in the trimmed part: it is accepted without being
-    tracked (it neither opens nor closes anything in the verifier).
+    continue one opened in the trimmed part: it is accepted as if the stand-in
+    of its opener came first, so that what follows is judged by the usual
+    rules (an end closes it; content after the end is refused). On a
+    :class:`SequenceError`, *verifier* may hold the stand-in: judge on a copy.
     """
     try:
         verifier.verify(event)
@@ -279,9 +295,22 @@ def _verify(verifier: SequenceVerifier, event: dict[str, Any], window: set[str] 
         key = _CONTINUATIONS.get(exc.rule)
         if window is None or key is None or event.get(key) in window:
             raise
-        return
+        opener = _opener(exc.rule, event)
+        try:
+            if opener is None:
+                raise
+            verifier.verify(opener)
+            verifier.verify(event)
+        except SequenceError:
+            raise exc from None
     if window is not None:
         window.update(_mentions(event))
+
+
+def _fold(seen: _Seen, event: Any) -> None:
+    """Apply an event that is stored already to *seen*, whatever the rules say of it."""
+    with contextlib.suppress(ProtocolError, ValueError, TypeError):
+        _verify(seen.verifier, event, seen.window)
 
 
 def _mentions(event: dict[str, Any]) -> set[str]:

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from agui_hub.errors import StoreUnavailable, ThreadReset
 from agui_hub.redis_store import RedisStore, notify_channel, stream_key
 from agui_hub.store import START, EventInput, FeedState, Retention
+from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 
@@ -184,3 +185,54 @@ async def test_resubscribing_right_after_closing_still_gets_live_events(
             got = await asyncio.wait_for(reading, 10 * TIMEOUT_SCALE)
         assert msgpack.unpackb(got[0].data)["delta"] == f"d{round_}"
     await store.close()
+
+
+async def test_a_conditional_append_replayed_by_redis_py_gets_its_offsets(
+    own_redis: RedisServer,
+) -> None:
+    """redis-py resends a command whose reply timed out; the resend of a conditional
+    append finds the first one's entries after the expected offset. It is answered
+    with their offsets, not a conflict, so the writer does not refuse its own event."""
+    thread = "replayed"
+    store = RedisStore(own_redis.url, socket_timeout=0.3)
+    admin = aioredis.Redis.from_url(own_redis.url)
+    try:
+        writer = ThreadWriter(store)
+        await writer.publish(thread, [{"type": "RUN_STARTED", "threadId": thread, "runId": "r"}])
+        await writer.publish(thread, [{"type": "TEXT_MESSAGE_START", "messageId": "m"}])
+        before = await evalsha_calls(admin)
+        # A script keeps the server busy for 0.8 s: the append waits in its
+        # socket, and its reply comes after the socket timeout.
+        busy = asyncio.create_task(admin.eval(BUSY_SCRIPT, 0, 800_000))
+        await asyncio.sleep(0.1)
+        # An event that may not come twice: judged again after the first went
+        # through, it would break the rules.
+        end = {"type": "TEXT_MESSAGE_END", "messageId": "m"}
+        offsets = await asyncio.wait_for(writer.publish(thread, [end]), 10 * TIMEOUT_SCALE)
+        await busy
+        assert await evalsha_calls(admin) - before >= 2, "redis-py did not resend the append"
+
+        entries = await store.read(thread)
+        types = [e.type for e in entries]
+        assert types == ["RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_END"]
+        assert offsets == [entries[-1].offset]
+        # The writer's state is right: the message is closed, the run goes on.
+        await writer.publish(thread, [{"type": "TEXT_MESSAGE_START", "messageId": "m2"}])
+    finally:
+        await admin.aclose()
+        await store.close()
+
+
+BUSY_SCRIPT = """
+local start = redis.call('TIME')
+repeat
+  local now = redis.call('TIME')
+until (now[1] - start[1]) * 1000000 + (now[2] - start[2]) >= tonumber(ARGV[1])
+return 1
+"""
+"""Keeps the server busy for ARGV[1] microseconds (commands of others wait)."""
+
+
+async def evalsha_calls(admin: aioredis.Redis) -> int:
+    stats = await admin.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))

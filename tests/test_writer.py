@@ -283,6 +283,35 @@ async def test_a_second_writer_is_seen(stores: Stores) -> None:
     assert await stored_events(b_store, thread) == events
 
 
+async def test_events_published_again_leave_the_writer_in_step(stores: Stores) -> None:
+    """Events republished with their ids (a demo run twice, a replay piped back into
+    its thread) are answered with their offsets; what the writer knows stays what
+    the stream holds, whether the rules refused them or not."""
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    first = await publish(writer, thread, [run_started(thread, "r1")], ["a1"])
+    closing = await publish(writer, thread, [run_finished(thread, "r1")], ["a2"])
+    # RUN_STARTED r1 again passes the rules after RUN_FINISHED; its id is stored.
+    assert await publish(writer, thread, [run_started(thread, "r1")], ["a1"]) == first
+    assert len(await stored(store, thread)) == 2
+    # The run is over in the stream, and for the writer: a new run may start.
+    second = await publish(writer, thread, [run_started(thread, "r2"), start("m1")], ["b1", "b2"])
+
+    # Partly known: only what was stored counts.
+    more = await publish(writer, thread, [start("m1"), content("m1")], ["b2", "b3"])
+    assert more[0] == second[1]
+    with pytest.raises(SequenceError) as caught:
+        await publish(writer, thread, [start("m1")])  # m1 is open in the stream
+    assert caught.value.rule == "message_already_open"
+    await publish(writer, thread, [end("m1"), run_finished(thread, "r2")])
+    assert [e["type"] for e in await stored_events(store, thread)] == [
+        "RUN_STARTED", "RUN_FINISHED", "RUN_STARTED", "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED",
+    ]  # fmt: skip
+    assert closing[0] != more[0]
+
+
 async def test_a_trimmed_history_still_accepts_the_open_message(stores: Stores) -> None:
     retention = Retention(max_len=5)
     store = stores.open(retention)
@@ -322,6 +351,38 @@ async def test_a_trimmed_history_still_accepts_the_open_message(stores: Stores) 
         end("m2"),
         run_finished(thread, "r1"),
     ]
+
+
+async def test_a_trimmed_history_judges_what_continues_it(stores: Stores) -> None:
+    """The benefit of the doubt is given once: what it let through, and what other
+    writers stored since, is judged by the usual rules afterwards."""
+    retention = Retention(max_len=3)
+    thread = new_thread()
+    a = ThreadWriter(stores.open(retention))
+    await publish(a, thread, [run_started(thread, "r1"), start("m1")])
+    for i in range(3):
+        await publish(a, thread, [content("m1", f"d{i}")])
+    # B starts on the trimmed thread: it sees neither the run nor m1's start.
+    b = ThreadWriter(stores.open(retention))
+    await publish(b, thread, [end("m1")])
+
+    # A opens and closes m7; B learns of it by catching up, and refuses content after its end.
+    await publish(a, thread, [start("m7")])
+    await publish(a, thread, [end("m7")])
+    with pytest.raises(SequenceError) as after_end:
+        await publish(b, thread, [content("m7", "late")])
+    assert after_end.value.rule == "message_not_open"
+
+    # zz was never mentioned: its end gets the benefit of the doubt, once.
+    await publish(b, thread, [end("zz")])
+    for late in (content("zz"), end("zz")):
+        with pytest.raises(SequenceError) as closed:
+            await publish(b, thread, [late])
+        assert closed.value.rule == "message_not_open"
+    # Content of a message never mentioned is accepted and continues it until its end.
+    await publish(b, thread, [content("yy", "1"), content("yy", "2"), end("yy")])
+    with pytest.raises(SequenceError):
+        await publish(b, thread, [content("yy", "3")])
 
 
 async def test_a_trimmed_history_accepts_a_message_opened_before_the_window(
@@ -488,8 +549,9 @@ async def test_a_lone_writer_makes_one_store_call_per_publish(stores: Stores) ->
     counting = CountingStore(stores.open())
     writer = ThreadWriter(cast(ThreadStore, counting))
     await publish(writer, thread, [run_started(thread), start("m1")])
-    first = dict(counting.calls)
-    assert first["append"] == 1
+    assert counting.calls["append"] == 1
+    # The append created the thread: the next publish reads its epoch, once.
+    await publish(writer, thread, [content("m1", "second")])
     counting.calls.clear()
     for n in range(20):
         await publish(writer, thread, [content("m1", f"d{n}")])
