@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import enum
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -66,14 +67,40 @@ class _Seen:
     """For a trimmed thread: the ids its kept events mention (``None``: not trimmed)."""
 
 
-class ThreadWriter:
-    """Validates, verifies and appends events to the threads of one store."""
+@dataclass(slots=True)
+class _Gate:
+    """Serialises the publishes to one thread; dropped when nobody waits."""
 
-    def __init__(self, store: ThreadStore, *, sequence: SequenceCheck = SequenceCheck.STRICT):
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+DEFAULT_MAX_THREADS = 10_000
+"""Threads whose sequence state a writer keeps by default (the least recently
+published to are dropped first, and read again from the store when needed)."""
+
+
+class ThreadWriter:
+    """Validates, verifies and appends events to the threads of one store.
+
+    Its memory is bounded: the sequence state of at most *max_threads*
+    threads, those published to most recently.
+    """
+
+    def __init__(
+        self,
+        store: ThreadStore,
+        *,
+        sequence: SequenceCheck = SequenceCheck.STRICT,
+        max_threads: int = DEFAULT_MAX_THREADS,
+    ):
+        if max_threads < 1:
+            raise ValueError("max_threads must be at least 1")
         self.store = store
         self.sequence = SequenceCheck(sequence)
-        self._seen: dict[str, _Seen] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.max_threads = max_threads
+        self._seen: OrderedDict[str, _Seen] = OrderedDict()
+        self._gates: dict[str, _Gate] = {}
 
     async def publish(
         self, thread: str, events: Sequence[Any], event_ids: Sequence[str] | None = None
@@ -95,55 +122,74 @@ class ThreadWriter:
         inputs = [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
         if self.sequence is SequenceCheck.OFF:
             return await self.store.append(thread, inputs)
-        lock = self._locks.setdefault(thread, asyncio.Lock())
-        async with lock:
-            # Judged against what this writer knows, appended on condition that
-            # nobody appended since: one round trip when it holds (the common
-            # case, one producer per thread); otherwise catch up and judge again.
-            seen = self._seen.get(thread)
-            fresh = seen is None
-            if seen is None:
-                seen = await self._caught_up(thread)
-            retry = event_ids is not None
-            for _attempt in range(_MAX_ATTEMPTS):
-                try:
-                    judged = await self._judge(thread, seen, wires, ids, retry)
-                except SequenceError:
-                    if fresh:
-                        raise
-                    # The rules may hold after what others stored meanwhile.
-                    seen, fresh = await self._caught_up(thread), True
-                    continue
-                if isinstance(judged, list):
-                    return judged  # every event was stored already
-                trial, window, first = judged
-                try:
-                    offsets = await self.store.append(
-                        thread, inputs, expect=Expected(seen.epoch, seen.after)
-                    )
-                except AppendConflict:
-                    # What others stored may include these very events (an
-                    # append of ours that failed on the way back): look for
-                    # their ids too if the rules refuse them now.
-                    seen, fresh, retry = await self._caught_up(thread), True, True
-                    continue
-                after = offset_key(seen.after)
-                stored = [n for n, offset in enumerate(offsets) if offset_key(offset) > after]
-                if len(stored) < len(offsets):
-                    # Some ids were stored already (events published again that
-                    # passed the rules): the verifier gets what the stream got.
-                    for n in stored:
-                        _fold(seen, wires[n])
-                elif trial is None:  # one event, checked without a copy: apply it now
-                    seen.verifier.verify(first)
-                else:
-                    seen.verifier, seen.window = trial, window
-                seen.after = max([seen.after, *offsets], key=offset_key)
-                if seen.epoch is None:
-                    # This append created the thread: the next publish reads its
-                    # epoch with the stream (the thread may be re-created by then).
-                    del self._seen[thread]
-                return offsets
+        gate = self._gates.get(thread)
+        if gate is None:
+            gate = self._gates[thread] = _Gate()
+        gate.users += 1
+        try:
+            async with gate.lock:
+                return await self._publish(thread, wires, ids, inputs, event_ids is not None)
+        finally:
+            gate.users -= 1
+            if gate.users == 0:
+                del self._gates[thread]
+
+    async def _publish(
+        self,
+        thread: str,
+        wires: list[dict[str, Any]],
+        ids: list[str],
+        inputs: list[EventInput],
+        retry: bool,
+    ) -> list[Offset]:
+        # Judged against what this writer knows, appended on condition that
+        # nobody appended since: one round trip when it holds (the common
+        # case, one producer per thread); otherwise catch up and judge again.
+        seen = self._seen.get(thread)
+        fresh = seen is None
+        if seen is None:
+            seen = await self._caught_up(thread)
+        else:
+            self._seen.move_to_end(thread)
+        for _attempt in range(_MAX_ATTEMPTS):
+            try:
+                judged = await self._judge(thread, seen, wires, ids, retry)
+            except SequenceError:
+                if fresh:
+                    raise
+                # The rules may hold after what others stored meanwhile.
+                seen, fresh = await self._caught_up(thread), True
+                continue
+            if isinstance(judged, list):
+                return judged  # every event was stored already
+            trial, window, first = judged
+            try:
+                offsets = await self.store.append(
+                    thread, inputs, expect=Expected(seen.epoch, seen.after)
+                )
+            except AppendConflict:
+                # What others stored may include these very events (an
+                # append of ours that failed on the way back): look for
+                # their ids too if the rules refuse them now.
+                seen, fresh, retry = await self._caught_up(thread), True, True
+                continue
+            after = offset_key(seen.after)
+            stored = [n for n, offset in enumerate(offsets) if offset_key(offset) > after]
+            if len(stored) < len(offsets):
+                # Some ids were stored already (events published again that
+                # passed the rules): the verifier gets what the stream got.
+                for n in stored:
+                    _fold(seen, wires[n])
+            elif trial is None:  # one event, checked without a copy: apply it now
+                seen.verifier.verify(first)
+            else:
+                seen.verifier, seen.window = trial, window
+            seen.after = max([seen.after, *offsets], key=offset_key)
+            if seen.epoch is None:
+                # This append created the thread: the next publish reads its
+                # epoch with the stream (the thread may be re-created by then).
+                self._seen.pop(thread, None)
+            return offsets
         raise StoreUnavailable(
             f"thread {thread!r} kept changing under {_MAX_ATTEMPTS} attempts to append; "
             "retry with the same event ids"
@@ -189,15 +235,22 @@ class ThreadWriter:
         try:
             entries = await self.store.read(thread, after=seen.after)
         except OffsetExpired:
-            seen = self._seen[thread] = await self._rebuilt(thread, epoch)
+            seen = await self._rebuilt(thread, epoch)
+            self._remember(thread, seen)
             return seen
         for entry in entries:
             with contextlib.suppress(ValueError, msgpack.UnpackException):
                 _fold(seen, msgpack.unpackb(entry.data, raw=False))
         if entries:
             seen.after = entries[-1].offset
-        self._seen[thread] = seen
+        self._remember(thread, seen)
         return seen
+
+    def _remember(self, thread: str, seen: _Seen) -> None:
+        self._seen[thread] = seen
+        self._seen.move_to_end(thread)
+        while len(self._seen) > self.max_threads:
+            self._seen.popitem(last=False)
 
     async def _rebuilt(self, thread: str, epoch: str | None) -> _Seen:
         """The sequence state of a thread whose beginning was trimmed.

@@ -584,3 +584,32 @@ async def test_a_batch_with_a_repeated_id_is_not_half_stored(stores: Stores) -> 
     # Accepted: then each returned offset must hold the event it was returned for.
     by_offset = {offset: event for offset, event, _ in await stored(store, thread)}
     assert [by_offset.get(offset) for offset in offsets] == batch
+
+
+async def test_the_writer_keeps_the_state_of_a_bounded_number_of_threads(stores: Stores) -> None:
+    """The least recently published threads are dropped, and read again when needed."""
+    counting = CountingStore(stores.open())
+    writer = ThreadWriter(cast(ThreadStore, counting), max_threads=3)
+    threads = [new_thread() for _ in range(6)]
+    for thread in threads:
+        await publish(writer, thread, [run_started(thread), start("m1")])
+        await publish(writer, thread, [content("m1", "known now")])  # reads the new thread
+    counting.calls.clear()
+    for thread in threads[-3:]:  # kept: one append each
+        await publish(writer, thread, [content("m1")])
+    assert counting.calls == {"append": 3}
+    counting.calls.clear()
+    # Dropped: read again, and judged as before (m1 is open, the run goes on).
+    await publish(writer, threads[0], [end("m1")])
+    assert counting.calls.get("read", 0) == 1
+    with pytest.raises(SequenceError):
+        await publish(writer, threads[0], [content("m1", "after the end")])
+
+    # Concurrent publishes to many threads leave no per-thread lock behind.
+    await asyncio.gather(
+        *(publish(writer, t, [content("m1", f"c{n}")]) for n in range(5) for t in threads[1:])
+    )
+    assert writer._gates == {}
+    assert len(writer._seen) <= 3
+    with pytest.raises(ValueError):
+        ThreadWriter(counting, max_threads=0)  # type: ignore[arg-type]
