@@ -118,11 +118,7 @@ class MemoryStore:
             (state.epoch if state is not None else None) != expect.epoch
             or (state is not None and state.last > offset_key(expect.after))
         ):
-            # A replay of an append that went through is answered like any
-            # retry (as the Redis store does).
-            if state is None or any(item.event_id not in state.ids for item in events):
-                raise AppendConflict(thread)
-            return [state.ids[item.event_id] for item in events]
+            raise AppendConflict(thread)
         if state is None:
             state = self._threads[thread] = _Thread(epoch=new_epoch())
         offsets: list[Offset] = []

@@ -114,20 +114,12 @@ local expect_after, expect_epoch = ARGV[7], ARGV[8]
 
 local epoch = redis.call('HGET', meta, 'epoch')
 if expect_after ~= '' then
-  -- Any entry after the expected offset was appended by someone else, by
-  -- this script or by a plain XADD: the caller must read it first...
+  -- Any entry after the expected offset was appended by someone else (by
+  -- this script or a plain XADD), or by an earlier try of this very call
+  -- whose reply was lost: either way the caller must read it first.
   if (epoch or '') ~= expect_epoch
       or #redis.call('XRANGE', stream, '(' .. expect_after, '+', 'COUNT', 1) > 0 then
-    -- ...unless every event is stored already: this call is a replay of one
-    -- that went through (redis-py resends a command whose reply was lost),
-    -- answered like any retry, with the stored offsets.
-    local stored = {}
-    for i = 0, n - 1 do
-      local known = redis.call('HGET', ids, ARGV[9 + i * 4])
-      if not known then return {'conflict'} end
-      stored[#stored + 1] = known
-    end
-    return {epoch or '', stored}
+    return {'conflict'}
   end
 end
 if not epoch then

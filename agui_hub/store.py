@@ -132,7 +132,6 @@ class Expected(NamedTuple):
     with this, so that a concurrent append by anyone else (another process, a
     plain ``XADD``) makes the append fail with
     :class:`~agui_hub.errors.AppendConflict` instead of slipping in between.
-    A call whose event ids are all stored is a replay and gets their offsets.
     """
 
     epoch: str | None
@@ -223,9 +222,10 @@ class ThreadStore(Protocol):
         A retried event id returns the original offset and appends nothing.
         With *expect*, append only if the thread still has ``expect.epoch``
         and nothing after ``expect.after``; otherwise append nothing and raise
-        :class:`~agui_hub.errors.AppendConflict`, unless every event id is
-        stored already (a replay of a call that went through): then return
-        their offsets.
+        :class:`~agui_hub.errors.AppendConflict`, also when the events after
+        ``expect.after`` are these very events (stored by an earlier try whose
+        reply was lost): read them, and an id already stored is answered with
+        its offset as usual.
         """
         ...
 

@@ -312,6 +312,25 @@ async def test_events_published_again_leave_the_writer_in_step(stores: Stores) -
     assert closing[0] != more[0]
 
 
+async def test_a_retry_through_another_writer_that_is_behind(stores: Stores) -> None:
+    """A producer's reply is lost on one gateway and it retries on another, whose
+    state predates events the first one stored: the retry gets its offsets, and
+    the second writer then knows everything in between."""
+    thread = new_thread()
+    w1, w2 = ThreadWriter(stores.open()), ThreadWriter(stores.open())
+    await publish(w1, thread, [run_started(thread)])
+    await publish(w2, thread, [{"type": "STATE_SNAPSHOT", "snapshot": {}}])
+    await publish(w1, thread, [start("m1")])  # w2 has not read this
+    offsets = await publish(w1, thread, [start("m2")], ["x"])  # the reply is lost
+    assert await publish(w2, thread, [start("m2")], ["x"]) == offsets
+    # w2 knows that m1 is open: content for it passes, the run cannot finish yet.
+    await publish(w2, thread, [content("m1", "hi")])
+    with pytest.raises(SequenceError) as caught:
+        await publish(w2, thread, [end("m2"), run_finished(thread)])
+    assert caught.value.rule == "run_finished_with_open_items"
+    await publish(w2, thread, [end("m2"), end("m1"), run_finished(thread)])
+
+
 async def test_a_trimmed_history_still_accepts_the_open_message(stores: Stores) -> None:
     retention = Retention(max_len=5)
     store = stores.open(retention)
