@@ -490,8 +490,10 @@ class GatedAppends:
         return await self.store.append(thread, events, expect=expect)
 
 
-async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores) -> None:
-    thread = new_thread()
+async def racing_writers(
+    stores: Stores, thread: str
+) -> tuple[ThreadStore, ThreadWriter, GatedAppends, ThreadWriter]:
+    """Writer A, and writer B whose next append waits for its gate; r1 started."""
     a_store = stores.open()
     gated = GatedAppends(stores.open())
     a, b = ThreadWriter(a_store), ThreadWriter(cast(ThreadStore, gated))
@@ -500,6 +502,12 @@ async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores)
     gated.gate.clear()
     gated.waiting.clear()
     gated.appends = 0
+    return a_store, a, gated, b
+
+
+async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores) -> None:
+    thread = new_thread()
+    a_store, a, gated, b = await racing_writers(stores, thread)
 
     # B has judged m2's start and waits to append it; A meanwhile publishes
     # m1's start (both are valid at that instant).
@@ -525,13 +533,7 @@ async def test_a_writer_that_raced_another_catches_up_afterwards(stores: Stores)
 async def test_a_race_that_would_break_the_rules_is_refused(stores: Stores) -> None:
     """Two writers open the same message at the same instant: only one is stored."""
     thread = new_thread()
-    a_store = stores.open()
-    gated = GatedAppends(stores.open())
-    a, b = ThreadWriter(a_store), ThreadWriter(cast(ThreadStore, gated))
-    gated.gate.set()
-    await publish(b, thread, [run_started(thread, "r1")])
-    gated.gate.clear()
-    gated.waiting.clear()
+    a_store, a, gated, b = await racing_writers(stores, thread)
 
     b_publish = asyncio.create_task(b.publish(thread, [start("m1"), content("m1", "B")]))
     await within(gated.waiting.wait())
