@@ -135,6 +135,9 @@ WRITE_BATCH_BYTES = 256 * 1024
 """Most bytes of queued frames a connection writes before it waits for the socket."""
 
 
+_BATCHED_WRITES = hasattr(ServerConnection, "send_context")
+
+
 async def write_messages(ws: ServerConnection, frames: list[bytes | str]) -> None:
     """Send each of *frames* as one message (bytes: binary, str: text), then drain once.
 
@@ -142,8 +145,13 @@ async def write_messages(ws: ServerConnection, frames: list[bytes | str]) -> Non
     the data goes to the transport in one write, and the drain waits while
     the socket is over its high-water mark, so flow control still holds.
     ``websockets.broadcast`` uses the same calls. Raises ``ConnectionClosed``
-    like ``ws.send``.
+    like ``ws.send``. On a websockets version without these calls, one
+    ``ws.send`` per frame: slower, the same on the wire.
     """
+    if not _BATCHED_WRITES:
+        for frame in frames:
+            await ws.send(frame)
+        return
     async with ws.send_context():
         protocol = ws.protocol
         for frame in frames:

@@ -24,6 +24,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from agui_hub import server
 from agui_hub.memory_store import MemoryStore
 from agui_hub.redis_store import RedisStore
 from agui_hub.reducer import fold
@@ -312,7 +313,13 @@ async def mem() -> AsyncIterator[Harness]:
 # -- 1. fan-out -----------------------------------------------------------------------------
 
 
-async def test_viewers_receive_identical_sequences(harness: Harness) -> None:
+@pytest.mark.parametrize("batched", [True, False], ids=["batched-writes", "one-send-per-frame"])
+async def test_viewers_receive_identical_sequences(
+    harness: Harness, batched: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both ways a connection writes its frames: in batches, and the fallback
+    # for a websockets without the calls the batches need.
+    monkeypatch.setattr(server, "_BATCHED_WRITES", batched)
     gateway = await harness.gateway()
     thread = "fan-out"
     viewers = [
