@@ -161,6 +161,11 @@ async def write_messages(ws: ServerConnection, frames: list[bytes | str]) -> Non
                 protocol.send_binary(frame)
 
 
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
 class ConnectionState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
@@ -169,6 +174,21 @@ class ConnectionState(enum.Enum):
 
 class Connection:
     """One client socket, as the hub sees it (a :class:`~agui_hub.hub.Subscriber`)."""
+
+    # Slots, and futures made only while somebody waits: an idle connection
+    # is a few hundred bytes here, on top of what websockets keeps for it.
+    __slots__ = (
+        "_drain",
+        "_queue",
+        "_queued_bytes",
+        "_wake",
+        "encoding",
+        "gateway",
+        "principal",
+        "state",
+        "threads",
+        "ws",
+    )
 
     def __init__(self, gateway: Gateway, ws: ServerConnection, encoding: Encoding) -> None:
         self.gateway = gateway
@@ -181,9 +201,10 @@ class Connection:
         self.threads: set[str] = set()
         self._queue: deque[bytes | str] = deque()
         self._queued_bytes = 0
-        self._wake = asyncio.Event()
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._wake: asyncio.Future[None] | None = None
+        """Pending while the writer waits for frames."""
+        self._drain: asyncio.Future[None] | None = None
+        """Pending while somebody waits for the queue to fall to half."""
 
     # Subscriber protocol ------------------------------------------------------------------
 
@@ -192,22 +213,23 @@ class Connection:
             return True  # going away anyway; not a slow consumer
         self._queue.append(frame)
         self._queued_bytes += len(frame)
-        self._wake.set()
-        if self._queued_bytes > self.gateway.config.send_queue_bytes:
-            return False
-        if self._queued_bytes > self.gateway.config.send_queue_bytes // 2:
-            self._drained.clear()
-        return True
+        _resolve(self._wake)
+        return self._queued_bytes <= self.gateway.config.send_queue_bytes
 
     async def drained(self) -> None:
-        await self._drained.wait()
+        half = self.gateway.config.send_queue_bytes // 2
+        while self._queued_bytes > half and self.state is ConnectionState.OPEN:
+            if self._drain is None or self._drain.done():
+                self._drain = asyncio.get_running_loop().create_future()
+            # Shielded: a cancelled waiter must not cancel the others' future.
+            await asyncio.shield(self._drain)
 
     def close_soon(self, code: CloseCode, reason: str) -> None:
         if self.state is ConnectionState.OPEN:
             self.state = ConnectionState.CLOSING
             self._queue.clear()
             self._queued_bytes = 0
-            self._drained.set()
+            _resolve(self._drain)
             task = asyncio.ensure_future(self.ws.close(int(code), reason))
             self.gateway._chores.add(task)
             task.add_done_callback(self.gateway._chores.discard)
@@ -218,8 +240,11 @@ class Connection:
         queue = self._queue
         while self.state is ConnectionState.OPEN:
             if not queue:
-                self._wake.clear()
-                await self._wake.wait()
+                self._wake = asyncio.get_running_loop().create_future()
+                try:
+                    await self._wake
+                finally:
+                    self._wake = None
                 continue
             # Everything queued since the last write goes out together (up to
             # WRITE_BATCH_BYTES): events reach a thread's viewers in bursts,
@@ -233,7 +258,7 @@ class Connection:
                 size += len(frame)
             self._queued_bytes -= size
             if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
-                self._drained.set()
+                _resolve(self._drain)
             try:
                 await write_messages(self.ws, frames)
             except ConnectionClosed:
@@ -316,8 +341,8 @@ class Connection:
 
     def forget(self) -> None:
         self.state = ConnectionState.CLOSED
-        self._wake.set()
-        self._drained.set()
+        _resolve(self._wake)
+        _resolve(self._drain)
         for thread in list(self.threads):
             self.gateway.hub.unsubscribe(self, thread)
         self.threads.clear()
