@@ -14,9 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
-from .conftest import TIMEOUT_SCALE
+from .conftest import TIMEOUT_SCALE, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "agui_hub.cli"]
@@ -109,3 +110,31 @@ class GatewayProcess:
     def logged_errors(self) -> bool:
         log = self.log()
         return "Traceback" in log or " ERROR " in log
+
+
+def start_gateway(
+    workdir: Path,
+    store: str | None,
+    port: int | None = None,
+    *,
+    ready_path: str = "/healthz",
+    started: list[GatewayProcess] | None = None,
+) -> GatewayProcess:
+    """A gateway that answers *ready_path*, on a free port (three attempts, in
+    case another process took the port first) or on *port* (one attempt).
+
+    Every process started is appended to *started*, the failed ones too. Each
+    gets a log of its own: a restart on the same port must not find the
+    previous process's "listening" line.
+    """
+    gateway = None
+    for _attempt in range(1 if port else 3):
+        chosen = port or free_port()
+        log_path = workdir / f"gateway-{chosen}-{uuid.uuid4().hex[:8]}.log"
+        gateway = GatewayProcess(log_path, chosen, store)
+        if started is not None:
+            started.append(gateway)
+        if gateway.wait_healthy(path=ready_path):
+            return gateway
+    assert gateway is not None
+    raise RuntimeError(f"gateway exited at start:\n{gateway.log()}")

@@ -35,7 +35,7 @@ import pytest
 from agui_hub.demo import demo_run
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
-from .processes import CLI, ROOT, GatewayProcess, child_env
+from .processes import CLI, ROOT, GatewayProcess, child_env, start_gateway
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -186,22 +186,10 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 # -- gateway processes -----------------------------------------------------------------------
 
 
-def start_gateway(workdir: Path, store: str, port: int | None = None) -> GatewayProcess:
-    """A ready gateway on a free port (or *port*); a few attempts when the port was taken."""
-    gateway = None
-    for _attempt in range(1 if port else 3):
-        chosen = port or free_port()
-        gateway = GatewayProcess(workdir / f"gateway-{chosen}.log", chosen, store)
-        if gateway.wait_healthy(2 * WAIT / TIMEOUT_SCALE, path="/readyz"):
-            return gateway
-    assert gateway is not None
-    raise RuntimeError(f"gateway exited at start:\n{gateway.log()}")
-
-
 @contextlib.contextmanager
 def gateway_process(workdir: Path, store: str, port: int | None = None) -> Iterator[GatewayProcess]:
     workdir.mkdir(parents=True, exist_ok=True)
-    gateway = start_gateway(workdir, store, port)
+    gateway = start_gateway(workdir, store, port, ready_path="/readyz")
     try:
         yield gateway
     finally:

@@ -30,8 +30,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from .conftest import TIMEOUT_SCALE, RedisServer, free_port
-from .processes import GatewayProcess, http_status
+from .conftest import TIMEOUT_SCALE, RedisServer
+from .processes import GatewayProcess, http_status, start_gateway
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,14 +52,7 @@ class Gateways:
 
     def start(self, store: str | None, *, port: int | None = None) -> GatewayProcess:
         """Start a gateway and wait until it is healthy (on a free port unless *port*)."""
-        for _attempt in range(3):
-            chosen = port or free_port()
-            log_path = self.workdir / f"gateway-{len(self.started)}-{chosen}.log"
-            gateway = GatewayProcess(log_path, chosen, store)
-            self.started.append(gateway)
-            if gateway.wait_healthy():
-                return gateway
-        raise RuntimeError(f"gateway exited at start:\n{gateway.log()}")
+        return start_gateway(self.workdir, store, port, started=self.started)
 
     def kill_all(self) -> None:
         for gateway in self.started:
