@@ -24,7 +24,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from . import __version__
-from .errors import AguiHubError, HubUnreachable, OffsetExpired
+from .errors import AguiHubError, HubUnreachable, OffsetExpired, ProtocolError
 from .offsets import START, check_thread, offset_key
 from .protocol import Position
 
@@ -361,8 +361,6 @@ async def _publish(args: argparse.Namespace) -> int:
 async def _publish_lines(
     publisher: Any, thread: str, lines: list[_Line], events: list[dict[str, Any]], out: _Output
 ) -> None:
-    from .errors import ProtocolError
-
     if not lines:
         return
     ids = [line.event_id or publisher.new_event_id() for line in lines]
@@ -370,22 +368,16 @@ async def _publish_lines(
         offsets = await publisher.publish_batch(thread, events, ids)
     except ProtocolError as exc:
         where = f"lines {lines[0].number}-{lines[-1].number}" if len(lines) > 1 else "line"
-        number = _culprit(lines, events, exc)
+        number = _culprit(lines, exc)
         prefix = f"line {number}" if number is not None else where
         raise ValueError(f"{prefix}: {exc} (nothing of this batch was stored)") from None
     out.write("".join(f"{offset}\n" for offset in offsets))
 
 
-def _culprit(lines: list[_Line], events: list[dict[str, Any]], exc: Exception) -> int | None:
+def _culprit(lines: list[_Line], exc: ProtocolError) -> int | None:
     """The line of the event an error is about, when it can be told."""
-    index = getattr(exc, "index", None)
-    if type(index) is int and 0 <= index < len(lines):
-        return lines[index].number
-    event = getattr(exc, "event", None)
-    if event is not None:
-        for line, wire in zip(lines, events, strict=True):
-            if wire == event:
-                return line.number
+    if exc.index is not None and 0 <= exc.index < len(lines):
+        return lines[exc.index].number
     return lines[0].number if len(lines) == 1 else None
 
 

@@ -339,6 +339,6 @@ def from_error_frame(
         exc = StoreUnavailable(message)
     else:
         exc = CommandRejected(code, message, thread)
-    if isinstance(exc, ProtocolError) and type(index) is int:
+    if isinstance(exc, ProtocolError):
         exc.index = index
     return exc

@@ -184,7 +184,8 @@ class ThreadWriter:
                 seen.verifier.verify(first)
             else:
                 seen.verifier, seen.window = trial, window
-            seen.after = max([seen.after, *offsets], key=offset_key)
+            if stored:  # appended now, in order: the newest is the last
+                seen.after = offsets[stored[-1]]
             if seen.epoch is None:
                 # This append created the thread: the next publish reads its
                 # epoch with the stream (the thread may be re-created by then).
@@ -349,9 +350,8 @@ def _verify(verifier: SequenceVerifier, event: dict[str, Any], window: set[str] 
         if window is None or key is None or event.get(key) in window:
             raise
         opener = _opener(exc.rule, event)
+        assert opener is not None  # every rule in _CONTINUATIONS has one
         try:
-            if opener is None:
-                raise
             verifier.verify(opener)
             verifier.verify(event)
         except SequenceError:
