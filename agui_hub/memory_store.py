@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from .errors import AppendConflict, OffsetExpired
 from .store import (
     START,
+    Available,
     Checkpoint,
     Entry,
     EventInput,
@@ -173,6 +174,19 @@ class MemoryStore:
         _, entries = await self._fetch(thread, after, limit or 2**62)
         return entries
 
+    async def read_available(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> Available:
+        check_thread(thread)
+        after_key = offset_key(after)
+        state = self._get(thread)
+        if state is None:
+            return Available(None, None, [])
+        gap = state.trimmed is not None and after_key < offset_key(state.trimmed)
+        start = bisect.bisect_right(state.keys, after_key)
+        end = None if limit is None else start + limit
+        return Available(state.epoch, state.trimmed, state.entries[start:end], gap)
+
     async def epoch(self, thread: str) -> str | None:
         state = self._get(thread)
         return state.epoch if state is not None else None
@@ -241,6 +255,10 @@ class MemoryStore:
 
     async def ping(self) -> None:
         return None
+
+    async def durability_warnings(self) -> list[str]:
+        # Nothing to configure: what it promises (this process's lifetime) holds.
+        return []
 
     async def close(self) -> None:
         for subs in list(self._subs.values()):

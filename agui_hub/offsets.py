@@ -20,7 +20,9 @@ START: Offset = "0-0"
 """The offset before the first event: reading after it reads from the beginning."""
 
 MAX_THREAD_LENGTH = 256
-_OFFSET_RE = re.compile(r"(\d{1,20})-(\d{1,20})")
+# ASCII digits only: `\d` would also take Arabic-Indic and other Unicode
+# digits ("\u0661-0"), which int() reads as 1 but Redis rejects.
+_OFFSET_RE = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _MAX_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit integers
 
 

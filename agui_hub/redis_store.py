@@ -5,7 +5,8 @@ Cluster slot and one Lua script may touch them all (``agui`` is the default
 prefix)::
 
     agui:{<thread>}:events   stream: one entry per event (see the entry format below)
-    agui:{<thread>}:meta     hash: epoch, run (current run id), trimmed (last trimmed offset)
+    agui:{<thread>}:meta     hash: epoch, run (current run id), trimmed (last trimmed
+                             offset), last (last offset appended), ids ("1": ids kept)
     agui:{<thread>}:ids      hash: event id -> offset, for idempotent publishing
     agui:{<thread>}:notify   pub/sub channel: "new entries", the last offset as payload
 
@@ -22,7 +23,9 @@ refreshes the idle TTL and notifies live readers, atomically. A retried call
 with the same event ids returns the original offsets and appends nothing, so
 redis-py's automatic retries cannot duplicate an event. A conditional append
 (``expect``) first checks, in the same script, that the epoch is the expected
-one and that no entry follows the expected offset.
+one and that no entry follows the expected offset. The script also detects a
+stream or ids hash lost under its epoch (eviction) and gives the thread a new
+epoch (or rebuilds the ids), so that nothing rewinds silently.
 
 Live tail: one reader per store object (per process) serves every thread that
 has local subscribers. It keeps one pub/sub connection, subscribes to a
@@ -32,7 +35,13 @@ offset (never ``$``), batched in one pipeline for all notified threads. Adding
 or removing a thread sends SUBSCRIBE / UNSUBSCRIBE on the same connection: no
 blocking read is cancelled, no connection opened. Commands go through one
 bounded connection pool, so a process holds the same number of Redis
-connections for 1 or 10,000 live threads.
+connections for 1 or 10,000 live threads. The reader PINGs a silent pub/sub
+connection (a stalled Redis just goes quiet), and after a reconnect checks
+that the entry at each cursor is still stored (a restore from an older RDB
+snapshot rolls streams back under their epoch).
+
+Every operation a caller awaits is bounded by ``op_timeout``; see
+docs/store.md for the whole contract.
 """
 
 from __future__ import annotations
@@ -41,10 +50,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -55,8 +66,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import AppendConflict, OffsetExpired, StoreError, StoreUnavailable
 from .store import (
+    DEFAULT_OP_TIMEOUT,
+    DEFAULT_OUTAGE_GRACE,
     PAGE_SIZE,
     START,
+    Available,
     Checkpoint,
     Entry,
     EventInput,
@@ -65,9 +79,11 @@ from .store import (
     Offset,
     Retention,
     ThreadInfo,
+    check_redis_options,
     check_thread,
     encode_event_data,
     offset_key,
+    redact_url,
 )
 
 __all__ = ["RedisStore"]
@@ -101,36 +117,128 @@ def notify_channel(prefix: str, thread: str) -> str:
 
 # -- scripts -----------------------------------------------------------------------------
 
-# KEYS: stream, meta, ids
+# Offsets compared in Lua: as decimal strings (no leading zeros; Python normalises
+# what it passes), so that 20-digit parts compare exactly (tonumber would not).
+_LUA_CMP = """
+local function cmp_part(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+local function cmp(a, b)
+  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
+  local b_ms, b_seq = string.match(b, '^(%d+)-(%d+)$')
+  local c = cmp_part(a_ms, b_ms)
+  if c ~= 0 then return c end
+  return cmp_part(a_seq, b_seq)
+end
+"""
+
+# KEYS: stream, meta, ids, checkpoint
 # ARGV: epoch candidate, max_len, max_age_ms, ttl_ms, channel, n,
 #       expected after ("" appends unconditionally), expected epoch ("" for none),
-#       then n times: event id, run id, type, msgpack payload
-# Returns: {epoch, {offset per event}}, or {"conflict"} when the expectation fails
-APPEND_SCRIPT = """
-local stream, meta, ids = KEYS[1], KEYS[2], KEYS[3]
+#       ids rebuild limit, then n times: event id, run id, type, msgpack payload
+# Returns: {epoch, {offset per event}, status}, or {"conflict", status} when the
+# expectation fails. status: "" or why the thread got a new epoch / was repaired
+# ("stream_lost", "ids_lost", "rewound", "ids_rebuilt").
+APPEND_SCRIPT = (
+    _LUA_CMP
+    + """
+local stream, meta, ids, checkpoint = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local max_len, max_age_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local channel, n = ARGV[5], tonumber(ARGV[6])
 local expect_after, expect_epoch = ARGV[7], ARGV[8]
+local rebuild_limit = tonumber(ARGV[9])
+local FIRST = 10
 
-local epoch = redis.call('HGET', meta, 'epoch')
+local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids')
+local epoch, run, last, trimmed, has_ids = state[1], state[2] or '', state[3], state[4], state[5]
+local status = ''
+
+-- A rewind (what readers saw is no longer stored, under the same epoch) becomes
+-- a new epoch, so that every reader resyncs instead of silently diverging.
+local function new_epoch(reason)
+  epoch = ARGV[1]
+  status = reason
+  redis.call('HSET', meta, 'epoch', epoch)
+  redis.call('DEL', checkpoint)
+  redis.call('PUBLISH', channel, 'rewound')
+end
+
+-- Whether the entry at `offset` is still stored or was removed by retention.
+local function kept(offset)
+  if trimmed and cmp(offset, trimmed) <= 0 then return true end
+  return #redis.call('XRANGE', stream, offset, offset) > 0
+end
+
+if epoch then
+  if last then
+    local present
+    if trimmed and cmp(last, trimmed) <= 0 then
+      present = redis.call('EXISTS', stream) == 1
+    else
+      present = #redis.call('XRANGE', stream, last, last) > 0
+    end
+    if not present then
+      -- The newest entry appended here is gone: the stream was evicted (and
+      -- maybe re-created by a plain XADD). Its ids and trim mark go with it.
+      redis.call('HDEL', meta, 'trimmed', 'last', 'ids')
+      redis.call('DEL', ids)
+      trimmed, last, has_ids = false, false, false
+      new_epoch('stream_lost')
+    end
+  end
+  if has_ids and redis.call('EXISTS', ids) == 0 then
+    -- The ids hash alone was evicted: rebuild it from the stream, so that a
+    -- retried event is still recognised; too long a stream: a new epoch.
+    if redis.call('XLEN', stream) <= rebuild_limit then
+      local from = '-'
+      while true do
+        local page = redis.call('XRANGE', stream, from, '+', 'COUNT', 1000)
+        for _, entry in ipairs(page) do
+          local fields = entry[2]
+          for j = 1, #fields, 2 do
+            if fields[j] == 'id' then
+              redis.call('HSET', ids, fields[j + 1], entry[1])
+              break
+            end
+          end
+        end
+        if #page < 1000 then break end
+        from = '(' .. page[#page][1]
+      end
+      if redis.call('EXISTS', ids) == 0 then redis.call('HDEL', meta, 'ids') end
+      status = 'ids_rebuilt'
+    else
+      redis.call('HDEL', meta, 'ids')
+      new_epoch('ids_lost')
+    end
+  end
+end
+
 if expect_after ~= '' then
+  if (epoch or '') ~= expect_epoch then return {'conflict', status} end
+  if epoch and expect_after ~= '0-0' and not kept(expect_after) then
+    -- The caller read an entry that is no longer stored (Redis restarted from
+    -- an older snapshot): the thread was rewound under it.
+    new_epoch('rewound')
+    return {'conflict', status}
+  end
   -- Any entry after the expected offset was appended by someone else (by
   -- this script or a plain XADD), or by an earlier try of this very call
   -- whose reply was lost: either way the caller must read it first.
-  if (epoch or '') ~= expect_epoch
-      or #redis.call('XRANGE', stream, '(' .. expect_after, '+', 'COUNT', 1) > 0 then
-    return {'conflict'}
+  if #redis.call('XRANGE', stream, '(' .. expect_after, '+', 'COUNT', 1) > 0 then
+    return {'conflict', status}
   end
 end
 if not epoch then
   epoch = ARGV[1]
   redis.call('HSET', meta, 'epoch', epoch)
 end
-local run = redis.call('HGET', meta, 'run') or ''
 
-local offsets, added = {}, 0
+local offsets, added, newest = {}, 0, nil
 for i = 0, n - 1 do
-  local base = 9 + i * 4
+  local base = FIRST + i * 4
   local event_id, run_id = ARGV[base], ARGV[base + 1]
   local event_type, payload = ARGV[base + 2], ARGV[base + 3]
   local known = redis.call('HGET', ids, event_id)
@@ -146,8 +254,13 @@ for i = 0, n - 1 do
       'event', payload, 'id', event_id, 'run', run_id, 'type', event_type)
     redis.call('HSET', ids, event_id, offset)
     offsets[#offsets + 1] = offset
+    newest = offset
     added = added + 1
   end
+end
+if newest then
+  -- What the rewind checks above compare with.
+  redis.call('HSET', meta, 'last', newest, 'ids', '1')
 end
 
 -- Retention: forget the ids of trimmed entries, remember the last trimmed offset.
@@ -162,6 +275,7 @@ local function forget(entries)
     end
   end
   redis.call('HSET', meta, 'trimmed', entries[#entries][1])
+  if redis.call('EXISTS', ids) == 0 then redis.call('HDEL', meta, 'ids') end
 end
 
 if max_len > 0 then
@@ -193,8 +307,34 @@ end
 if added > 0 then
   redis.call('PUBLISH', channel, offsets[#offsets])
 end
-return {epoch, offsets}
+return {epoch, offsets, status}
 """
+)
+
+# KEYS: stream, meta, checkpoint; ARGV: cursor, epoch seen, epoch candidate, channel.
+# The live reader runs it for each live thread after it reconnected: if the
+# entry at the cursor (an entry it has read) is neither stored nor trimmed, the
+# stream was rolled back under the same epoch (Redis restarted from an older
+# RDB snapshot, a replica promoted): the thread gets a new epoch, announced on
+# its channel. Returns {current epoch or "", 1 if it made a new one else 0}.
+CHECK_POSITION_SCRIPT = (
+    _LUA_CMP
+    + """
+local state = redis.call('HMGET', KEYS[2], 'epoch', 'trimmed')
+local epoch, trimmed = state[1], state[2]
+if not epoch or epoch ~= ARGV[2] then return {epoch or '', 0} end
+if trimmed and cmp(ARGV[1], trimmed) <= 0 then return {epoch, 0} end
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) > 0 then return {epoch, 0} end
+redis.call('HSET', KEYS[2], 'epoch', ARGV[3])
+redis.call('DEL', KEYS[3])
+redis.call('PUBLISH', ARGV[4], 'rewound')
+return {ARGV[3], 1}
+"""
+)
+
+IDS_REBUILD_LIMIT = 100_000
+"""Streams up to this long get their evicted ids hash rebuilt by the append
+script; a longer one gets a new epoch instead (a rebuild would block Redis)."""
 
 
 # KEYS: checkpoint, meta; ARGV: offset, epoch, events, complete, ttl_ms.
@@ -218,47 +358,78 @@ return 1
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply value as text; never raises (bytes that are not UTF-8 are replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _entry(raw: Sequence[Any]) -> Entry:
-    """An Entry from one raw XRANGE item: ``[id, [field, value, ...]]``."""
-    offset = raw[0].decode()
-    fields = raw[1]
-    if type(fields) is dict:  # a client whose XRANGE reply was parsed into a map
-        fields = [x for pair in fields.items() for x in pair]
-    if len(fields) == 8 and fields[0] == b"event" and fields[6] == b"type":
-        # The layout the append script writes: event, id, run, type.
-        run = fields[5]
+    """An Entry from one raw XRANGE item: ``[id, [field, value, ...]]``.
+
+    Never raises, whatever a producer wrote with a plain XADD: a missing
+    ``event`` field gives empty data, an id or type that is not UTF-8 is
+    decoded with replacement characters. One odd entry must not fail a read
+    (nor the live reader's batch of many threads).
+    """
+    try:
+        offset = _text(raw[0])
+        fields = raw[1]
+        if type(fields) is dict:  # a client whose XRANGE reply was parsed into a map
+            fields = [x for pair in fields.items() for x in pair]
+        if (
+            len(fields) == 8
+            and fields[0] == b"event"
+            and fields[2] == b"id"
+            and fields[4] == b"run"
+            and fields[6] == b"type"
+        ):
+            # The layout the append script writes: event, id, run, type.
+            with contextlib.suppress(UnicodeDecodeError, AttributeError):
+                run = fields[5]
+                return Entry(
+                    offset,
+                    fields[1],
+                    fields[3].decode(),
+                    run.decode() if run else None,
+                    fields[7].decode(),
+                )
+        data: Any = b""
+        event_id: Any = None
+        run_id: Any = None
+        event_type: Any = None
+        for i in range(0, len(fields) - 1, 2):
+            name = fields[i]
+            if name == b"event":
+                data = fields[i + 1]
+            elif name == b"id":
+                event_id = fields[i + 1]
+            elif name == b"run":
+                run_id = fields[i + 1]
+            elif name == b"type":
+                event_type = fields[i + 1]
         return Entry(
             offset,
-            fields[1],
-            fields[3].decode(),
-            run.decode() if run else None,
-            fields[7].decode(),
+            data if isinstance(data, bytes) else _text(data).encode(),
+            _text(event_id) if event_id is not None else offset,
+            _text(run_id) if run_id else None,
+            _text(event_type) if event_type is not None else "",
         )
-    data, event_id, run, event_type = b"", None, None, None
-    for i in range(0, len(fields), 2):
-        name = fields[i]
-        if name == b"event":
-            data = fields[i + 1]
-        elif name == b"id":
-            event_id = fields[i + 1]
-        elif name == b"run":
-            run = fields[i + 1]
-        elif name == b"type":
-            event_type = fields[i + 1]
-    return Entry(
-        offset,
-        data,
-        event_id.decode() if event_id is not None else offset,
-        run.decode() if run else None,
-        event_type.decode() if event_type is not None else "",
-    )
+    except Exception:  # pragma: no cover - Redis replies always have this shape
+        log.warning("redis store: unreadable stream entry %r", raw, exc_info=True)
+        offset = _text(raw[0]) if isinstance(raw, (list, tuple)) and raw else START
+        return Entry(offset, b"", offset, None, "")
 
 
 def _raw_reply(response: Any, **options: Any) -> Any:
     return response
+
+
+def _normal(offset: Offset) -> Offset:
+    """*offset* validated and in Redis's spelling (no leading zeros)."""
+    ms, seq = offset_key(offset)
+    return f"{ms}-{seq}"
+
+
+_MAX_OFFSET = (2**64 - 1, 2**64 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,10 +459,28 @@ class _Feed:
     error: BaseException | None = None
 
 
-OUTAGE_GRACE = 5.0
+OUTAGE_GRACE = DEFAULT_OUTAGE_GRACE
 """Default seconds the live reader keeps reconnecting before it fails its
 subscriptions with StoreUnavailable (so that a gateway can tell its clients to
 come back later)."""
+
+SILENCE = 1.0
+"""Seconds without a message on the pub/sub connection after which the live
+reader sends a PING there, to tell a quiet thread from a stalled Redis."""
+
+PONG_DEADLINE = 2.0
+"""Seconds the PING may take (at most ``op_timeout``) before the live reader
+takes the connection for dead and reconnects."""
+
+_PING_TOKEN = "agui-hub-live"
+
+
+class _Stalled(StoreUnavailable):
+    """The pub/sub connection went silent and did not answer a PING."""
+
+    def __init__(self, message: str, since: float) -> None:
+        super().__init__(message)
+        self.since = since
 
 
 class _LiveReader:
@@ -302,41 +491,75 @@ class _LiveReader:
         self._feeds: dict[str, _Feed] = {}
         self._channels: dict[bytes, str] = {}
         self._dirty: set[str] = set()
+        self._recheck: set[str] = set()
+        """Threads subscribed again after a reconnect: check their cursors first."""
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         # SUBSCRIBE / UNSUBSCRIBE / reconnect never overlap on the pub/sub
         # connection; reading messages goes on meanwhile.
         self._pubsub_lock = asyncio.Lock()
-        self._chores: set[asyncio.Future[None]] = set()  # pending UNSUBSCRIBEs
+        self._chores: set[asyncio.Future[None]] = set()  # pending UNSUBSCRIBEs, closes
+        self._heard = 0.0
+        """Loop time the pub/sub connection last delivered something."""
+        self._ping_sent: float | None = None
+        """Loop time of the PING not answered yet (``None``: none outstanding)."""
 
     @property
     def threads(self) -> int:
         return len(self._feeds)
 
+    @property
+    def _pong_deadline(self) -> float:
+        return min(PONG_DEADLINE, self._store.op_timeout)
+
     async def register(self, sub: FeedSubscription) -> None:
+        """Serve *sub*'s thread live; bounded by the store's ``op_timeout``."""
+        try:
+            async with asyncio.timeout(self._store.op_timeout):
+                await self._register(sub)
+        except TimeoutError:
+            raise self._store._timed_out(f"the subscription to thread {sub.thread!r}") from None
+
+    async def _register(self, sub: FeedSubscription) -> None:
         thread = sub.thread
         feed = self._feeds.get(thread)
         if feed is None:
             feed = self._feeds[thread] = _Feed(cursor=START)
             feed.subs.add(sub)  # before any await: the confirmation may come first
+            channel = notify_channel(self._store.prefix, thread)
             try:
                 # Cursor first, then SUBSCRIBE; once the subscription is confirmed
                 # the reader reads after the cursor, covering the window between.
                 feed.cursor = await self._store.last_offset(thread)
-                channel = notify_channel(self._store.prefix, thread)
                 self._channels[channel.encode()] = thread
                 self._ensure_running()
                 async with self._pubsub_lock:
                     await self._store._call(self._pubsub.subscribe(channel))
             except BaseException as exc:
-                self._drop(thread)
-                feed.error = exc  # concurrent registrations of the thread fail too
+                if self._feeds.get(thread) is feed:
+                    self._drop(thread, unsubscribe=True)
+                # Concurrent registrations of the thread fail too (with an error
+                # of their own kind, not this task's cancellation).
+                feed.error = (
+                    exc
+                    if isinstance(exc, Exception)
+                    else StoreUnavailable(f"subscribing to thread {thread!r} was interrupted")
+                )
                 feed.ready.set()
                 raise
         else:
             feed.subs.add(sub)
-        await feed.ready.wait()
+        try:
+            await feed.ready.wait()
+        except BaseException:
+            # Timed out or cancelled before the confirmation: leave nothing behind.
+            feed.subs.discard(sub)
+            if not feed.ready.is_set() and not feed.subs and self._feeds.get(thread) is feed:
+                self._drop(thread, unsubscribe=True)
+                feed.error = StoreUnavailable(f"subscribing to thread {thread!r} was interrupted")
+                feed.ready.set()
+            raise
         if feed.error is not None:
             feed.subs.discard(sub)
             raise feed.error
@@ -355,18 +578,21 @@ class _LiveReader:
         self._channels.pop(channel.encode(), None)
         self._dirty.discard(thread)
         if unsubscribe and self._pubsub is not None and not self._closed:
-            task = asyncio.ensure_future(self._unsubscribe(channel))
-            self._chores.add(task)
-            task.add_done_callback(self._chores.discard)
-            task.add_done_callback(_log_failure)
+            self._chore(self._unsubscribe(channel))
+
+    def _chore(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+        task.add_done_callback(_log_failure)
 
     async def _unsubscribe(self, channel: str) -> None:
         # Best effort: a pub/sub connection replaced after an outage may be gone.
-        async with self._pubsub_lock:
-            if self._closed or channel.encode() in self._channels:
-                return  # closing, or the thread became live again meanwhile
-            with contextlib.suppress(Exception):
-                await self._pubsub.unsubscribe(channel)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._store.op_timeout), self._pubsub_lock:
+                if self._closed or channel.encode() in self._channels:
+                    return  # closing, or the thread became live again meanwhile
+                await _bounded(self._pubsub.unsubscribe(channel), self._store.op_timeout)
 
     def _ensure_running(self) -> None:
         if self._pubsub is None:
@@ -375,7 +601,13 @@ class _LiveReader:
             self._task = asyncio.create_task(self._run(), name="agui-hub redis live reader")
 
     def _fail_all(self, error: BaseException) -> None:
-        for feed in self._feeds.values():
+        for thread, feed in list(self._feeds.items()):
+            if not feed.ready.is_set():
+                # Still waiting for its SUBSCRIBE to be confirmed: fail the waiters.
+                self._drop(thread, unsubscribe=True)
+                feed.error = error
+                feed.ready.set()
+                continue
             for sub in list(feed.subs):
                 sub._fail(error)
 
@@ -384,11 +616,17 @@ class _LiveReader:
         down_since: float | None = None
         reconnect = False
         loop = asyncio.get_running_loop()
+        store = self._store
         while not self._closed:
             try:
                 if reconnect:
-                    # Bounded: a half-open connection must not hang the reader.
-                    await asyncio.wait_for(self._resubscribe(), 2 * self._store.socket_timeout)
+                    # Bounded: a half-open or stalled connection must not hang the
+                    # reader, nor keep it from failing its subscriptions in time.
+                    timeout = store.op_timeout
+                    if down_since is not None:
+                        left = store.outage_grace - (loop.time() - down_since)
+                        timeout = max(0.1, min(timeout, left + 0.05))
+                    await _bounded(self._resubscribe(), timeout)
                     reconnect = False
                 await self._pump()
                 delay, down_since = 0.05, None
@@ -396,11 +634,18 @@ class _LiveReader:
                 raise
             except (RedisError, OSError, TimeoutError, StoreUnavailable) as exc:
                 now = loop.time()
-                down_since = down_since or now
-                if now - down_since > self._store.outage_grace:
-                    self._fail_all(StoreUnavailable(f"Redis at {self._store.url}: {exc}"))
+                if down_since is None:
+                    down_since = exc.since if isinstance(exc, _Stalled) else now
+                reason = str(exc) or type(exc).__name__
+                if now - down_since >= store.outage_grace:
+                    self._fail_all(
+                        StoreUnavailable(
+                            f"Redis at {store.url} is unavailable "
+                            f"(live feed interrupted for {now - down_since:.1f} s): {reason}"
+                        )
+                    )
                     down_since = now
-                log.warning("redis live reader: %s; reconnecting in %.2fs", exc, delay)
+                log.warning("redis live reader: %s; reconnecting in %.2fs", reason, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 reconnect = True
@@ -415,26 +660,108 @@ class _LiveReader:
         async with self._pubsub_lock:
             old, self._pubsub = self._pubsub, self._store._client.pubsub()
             if old is not None:
-                with contextlib.suppress(Exception):
-                    await old.aclose()
+                # In a task of its own: cancelling this reconnect (on its deadline)
+                # must not keep the old connection from going back to the pool.
+                self._chore(_close_quietly(old))
             channels = [notify_channel(self._store.prefix, t) for t in self._feeds]
             if channels:
                 # Confirmations mark every thread dirty: what was published while
                 # the connection was down is read after each thread's cursor.
                 await self._pubsub.subscribe(*channels)
+            self._heard = asyncio.get_running_loop().time()
+            self._ping_sent = None
+
+    async def _check_positions(self, threads: Sequence[str]) -> None:
+        """Give a new epoch to each of *threads* whose stream no longer holds the
+        entry this reader read last (Redis restarted from an older snapshot).
+
+        Runs when a thread's subscription is confirmed again after the
+        connection was lost (by this reader or by redis-py's own reconnect),
+        before anything is read after the cursor.
+        """
+        store = self._store
+        feeds = [
+            (thread, feed)
+            for thread in threads
+            if (feed := self._feeds.get(thread)) is not None
+            and feed.epoch is not None
+            and feed.cursor != START
+        ]
+        if not feeds:
+            return
+        calls = [
+            (
+                3,
+                stream_key(store.prefix, thread),
+                meta_key(store.prefix, thread),
+                checkpoint_key(store.prefix, thread),
+                feed.cursor,
+                feed.epoch or "",
+                secrets.token_hex(8),
+                notify_channel(store.prefix, thread),
+            )
+            for thread, feed in feeds
+        ]
+        results: list[Any] = []
+        for _attempt in range(2):
+            pipe = store._client.pipeline(transaction=False)
+            for call in calls:
+                pipe.evalsha(store._check_sha, *call)
+            results = await store._call(pipe.execute(raise_on_error=False))
+            if not any(isinstance(r, NoScriptError) for r in results):
+                break
+            await store._call(store._client.script_load(CHECK_POSITION_SCRIPT))
+        for (thread, feed), result in zip(feeds, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("redis live reader: checking thread %r failed: %s", thread, result)
+            elif int(result[1]) == 1:
+                log.warning(
+                    "redis store: thread %r was rolled back (its stream no longer holds "
+                    "offset %s, which was read before; Redis restarted from an older "
+                    "snapshot?): new epoch %s, readers resync",
+                    thread,
+                    feed.cursor,
+                    _text(result[0]),
+                )
+            self._dirty.add(thread)
 
     async def _pump(self) -> None:
-        """Wait for notifications, then fetch what they announce."""
+        """Wait for notifications, then fetch what they announce.
+
+        A connection silent for :data:`SILENCE` seconds gets a PING; no answer
+        within the deadline raises :class:`_Stalled` (an outage).
+        """
         pubsub = self._pubsub
         if not self._channels or pubsub is None or pubsub.connection is None:
+            self._ping_sent = None
             await asyncio.sleep(0.05)  # nothing subscribed (yet)
             return
-        message = await pubsub.get_message(timeout=1.0)
+        loop = asyncio.get_running_loop()
+        wait = SILENCE
+        if self._ping_sent is not None:
+            wait = min(SILENCE, max(0.0, self._ping_sent + self._pong_deadline - loop.time()))
+        message = await pubsub.get_message(timeout=wait)
+        now = loop.time()
+        if message is None:
+            if self._ping_sent is None:
+                if now - self._heard >= SILENCE:
+                    self._ping_sent = now
+                    await _bounded(pubsub.ping(_PING_TOKEN), self._store.op_timeout)
+            elif now - self._ping_sent >= self._pong_deadline:
+                since, self._ping_sent = self._ping_sent, None
+                raise _Stalled(
+                    f"no answer to a PING on the live connection within {self._pong_deadline:g} s",
+                    since,
+                )
         budget = 10_000
         while message is not None and budget:
+            self._heard, self._ping_sent = now, None
             self._handle(message)
             budget -= 1
             message = await pubsub.get_message(timeout=0)
+        if self._recheck:
+            threads, self._recheck = list(self._recheck), set()
+            await self._check_positions(threads)
         while self._dirty:
             await self._fetch_dirty()
 
@@ -450,6 +777,10 @@ class _LiveReader:
             return
         if kind in ("message", "subscribe"):
             self._dirty.add(thread)
+        if kind == "subscribe" and feed.ready.is_set():
+            # Subscribed again: the connection was lost and Redis may have been
+            # restarted from an older snapshot meanwhile.
+            self._recheck.add(thread)
         if kind == "subscribe" and not feed.ready.is_set():
             feed.ready.set()
             if not feed.subs:  # every subscriber left while we subscribed
@@ -464,8 +795,26 @@ class _LiveReader:
         pages = await self._store._read_pages(cursors, PAGE_SIZE)
         for thread, page in zip(threads, pages, strict=True):
             feed = self._feeds.get(thread)
-            if feed is not None:
+            if feed is None:
+                continue
+            # One thread's failure fails that thread's subscriptions only.
+            try:
+                if isinstance(page, BaseException):
+                    raise page
                 await self._deliver(thread, feed, page)
+            except StoreUnavailable:
+                raise  # an outage: every thread is concerned
+            except Exception as exc:
+                log.warning(
+                    "redis live reader: thread %r failed, its subscriptions end: %r", thread, exc
+                )
+                error = (
+                    exc
+                    if isinstance(exc, StoreError)
+                    else StoreError(f"thread {thread!r}: the live reader failed: {exc!r}")
+                )
+                for sub in list(feed.subs):
+                    sub._fail(error)
 
     async def _deliver(self, thread: str, feed: _Feed, page: _Page) -> None:
         epoch, entries = page.epoch, page.entries
@@ -510,6 +859,48 @@ class _LiveReader:
         self._feeds.clear()
 
 
+_abandoned: set[asyncio.Future[Any]] = set()
+"""Cancelled work that has not finished yet (kept referenced until it has)."""
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_forget_abandoned)
+
+
+def _forget_abandoned(task: asyncio.Future[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" noise
+
+
+async def _bounded(awaitable: Awaitable[T], timeout: float) -> T:
+    """*awaitable*'s result, or a builtin :class:`TimeoutError` after *timeout* seconds.
+
+    On the deadline the work is cancelled but not waited for: redis-py may
+    take a while to wind down a cancelled command (it can even take the
+    cancellation for a failure to retry), and the caller must be answered on
+    time. The abandoned work finishes in the background and returns its
+    connection to the pool.
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+    except BaseException:
+        _abandon(task)
+        raise
+    if not done:
+        _abandon(task)
+        raise TimeoutError
+    return task.result()
+
+
+async def _close_quietly(pubsub: Any) -> None:
+    with contextlib.suppress(Exception):
+        await pubsub.aclose()
+
+
 def _log_failure(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("redis live reader: %s", task.exception())
@@ -528,8 +919,22 @@ class _QueuedAppend:
     expect: Expected | None
 
 
+READ_PAGE = 5000
+"""Entries per round trip of :meth:`RedisStore.read` and ``read_available``."""
+
+READ_TRIES = 5
+"""Pages-wise attempts of ``read_available`` before it reads in one round trip."""
+
+
 class RedisStore:
-    """Thread streams in Redis. See the module docstring for keys and entries."""
+    """Thread streams in Redis. See the module docstring for keys and entries.
+
+    Every operation a caller awaits is bounded by *op_timeout* seconds: when
+    Redis does not answer in time it raises
+    :class:`~agui_hub.errors.StoreUnavailable` (redis-py's retries happen
+    within that deadline). :attr:`url` is the URL with its password
+    redacted; the store never shows the password in a message or log.
+    """
 
     def __init__(
         self,
@@ -541,9 +946,30 @@ class RedisStore:
         socket_timeout: float = 5.0,
         max_pending_bytes: int | None = None,
         outage_grace: float = OUTAGE_GRACE,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
     ) -> None:
-        self.url = url
+        for name, value, positive in (
+            ("op_timeout", op_timeout, True),
+            ("outage_grace", outage_grace, False),
+            ("socket_timeout", socket_timeout, True),
+        ):
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                raise ValueError(
+                    f"RedisStore {name} must be a finite number of seconds, got {value!r}"
+                )
+        self.url = redact_url(url)
+        """The Redis URL without its password (safe to show)."""
+        parts = urlsplit(url)
+        names = list(parse_qs(parts.query, keep_blank_values=True))
+        for name in names:
+            if name in ("prefix", "max_len", "max_age", "ttl", "op_timeout", "outage_grace"):
+                raise ValueError(
+                    f"{name!r} in the URL of RedisStore({self.url!r}): pass it as an "
+                    "argument, or open the store with open_store(url)"
+                )
+        check_redis_options(parts.scheme.lower(), names)
         self.outage_grace = outage_grace
+        self.op_timeout = op_timeout
         self.socket_timeout = socket_timeout
         self.prefix = prefix
         self.retention = retention or Retention()
@@ -567,6 +993,7 @@ class RedisStore:
         # first into redis-py's (id, dict) pairs: catch-up reads are hot.
         self._client.set_response_callback("XRANGE", _raw_reply)
         self._append_sha = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
+        self._check_sha = hashlib.sha1(CHECK_POSITION_SCRIPT.encode()).hexdigest()
         # Group commit: appends that arrive while a round trip is in flight
         # go together in the next one (one pipeline), so many small concurrent
         # publishes cost few round trips. Order per thread is kept.
@@ -580,9 +1007,18 @@ class RedisStore:
     def _unavailable(self, exc: BaseException) -> StoreUnavailable:
         return StoreUnavailable(f"Redis at {self.url} is unavailable: {exc}")
 
-    async def _call(self, awaitable: Awaitable[T]) -> T:
+    def _timed_out(self, what: str = "a command") -> StoreUnavailable:
+        return StoreUnavailable(
+            f"Redis at {self.url} is unavailable: no answer to {what} within {self.op_timeout:g} s"
+        )
+
+    async def _call(self, awaitable: Awaitable[T], what: str = "a command") -> T:
+        """Await one store command within ``op_timeout``; Redis failures become
+        :class:`StoreUnavailable` (unreachable, too slow) or :class:`StoreError`."""
         try:
-            return await awaitable
+            return await _bounded(awaitable, self.op_timeout)
+        except TimeoutError:  # the deadline (a builtin TimeoutError, unlike redis-py's)
+            raise self._timed_out(what) from None
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise self._unavailable(exc) from exc
         except RedisError as exc:
@@ -596,6 +1032,8 @@ class RedisStore:
         check_thread(thread)
         if not events:
             return []
+        if expect is not None:
+            expect = Expected(expect.epoch, _normal(expect.after))
         quads: list[Any] = []
         for item in events:
             quads += [
@@ -608,14 +1046,27 @@ class RedisStore:
         self._queued.append(_QueuedAppend(thread, quads, len(events), done, expect))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit(), name="agui-hub redis commit")
-        # A cancelled caller cancels only its own future; the commit goes on for
-        # the others that share its round trip (and the caller's events may still
-        # be appended: retry with the same ids to find out).
-        return await done
+        # A cancelled (or timed-out) caller cancels only its own future; the
+        # commit goes on for the others that share its round trip (and the
+        # caller's events may still be appended: retry with the same ids).
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                return await done
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"Redis at {self.url} is unavailable: the append was not confirmed within "
+                f"{self.op_timeout:g} s; the events may or may not be stored: "
+                "retry with the same event ids"
+            ) from None
 
     async def _commit(self) -> None:
         while self._queued:
             batch, self._queued = self._queued[:1000], self._queued[1000:]
+            # Callers that gave up (deadline, cancellation) before their round
+            # trip started were told to retry: their events are not sent.
+            batch = [queued for queued in batch if not queued.done.done()]
+            if not batch:
+                continue
             # Appends to one thread queued together become one script call, in
             # arrival order; threads are independent of each other. A
             # conditional append has its expectation, so a call of its own.
@@ -632,20 +1083,45 @@ class RedisStore:
             error: Exception | None = None
             replies: list[Any] = []
             try:
-                replies = await self._run_appends(groups)
+                # Bounded like the callers' wait: a stalled Redis does not hold
+                # the appends queued behind this round trip for redis-py's
+                # socket timeout times its retries.
+                replies = await _bounded(self._run_appends(groups), self.op_timeout)
             except asyncio.CancelledError:
                 for queued in batch:
                     if not queued.done.done():
                         queued.done.set_exception(StoreError("the store was closed"))
                 raise
+            except TimeoutError:
+                error = StoreUnavailable(
+                    f"Redis at {self.url} is unavailable: no answer to the append within "
+                    f"{self.op_timeout:g} s; the events may or may not be stored: "
+                    "retry with the same event ids"
+                )
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                error = self._unavailable(exc)
+                error = StoreUnavailable(
+                    f"Redis at {self.url} is unavailable: {exc}; the events may or may "
+                    "not be stored: retry with the same event ids"
+                )
             except RedisError as exc:
                 error = StoreError(f"Redis error: {exc}")
             for index, (thread, members) in enumerate(groups):
                 reply = error or replies[index]
-                if not isinstance(reply, Exception) and len(reply) == 1:
-                    reply = AppendConflict(thread)
+                status = b""
+                if not isinstance(reply, Exception):
+                    if reply and reply[0] == b"conflict":
+                        status = reply[1] if len(reply) > 1 else b""
+                        reply = AppendConflict(thread)
+                    elif len(reply) > 2:
+                        status = reply[2]
+                if status:
+                    log.warning(
+                        "redis store: thread %r got a new epoch or a repair (%s): "
+                        "its stream or ids were lost or rolled back (see docs/store.md, "
+                        "'Redis settings the store needs')",
+                        thread,
+                        _text(status),
+                    )
                 if isinstance(reply, Exception):
                     failure = reply
                     if not error and not isinstance(reply, AppendConflict):
@@ -680,6 +1156,7 @@ class RedisStore:
                     sum(m.count for m in members),
                     "" if expect is None else expect.after,
                     "" if expect is None or expect.epoch is None else expect.epoch,
+                    IDS_REBUILD_LIMIT,
                 ]
                 for member in members:
                     args += member.quads
@@ -687,6 +1164,7 @@ class RedisStore:
                     stream_key(self.prefix, thread),
                     meta_key(self.prefix, thread),
                     ids_key(self.prefix, thread),
+                    checkpoint_key(self.prefix, thread),
                 ]
                 calls.append((len(keys), *keys, *args))
             if len(calls) == 1:
@@ -715,19 +1193,33 @@ class RedisStore:
         found = await self._call(self._client.hmget(ids_key(self.prefix, thread), list(event_ids)))
         return {i: _text(o) for i, o in zip(event_ids, found, strict=True) if o is not None}
 
-    async def _read_pages(self, cursors: Sequence[tuple[str, Offset]], limit: int) -> list[_Page]:
+    async def _read_pages(
+        self, cursors: Sequence[tuple[str, Offset]], limit: int | None
+    ) -> list[_Page | StoreError]:
         """For each (thread, after): epoch, trim mark and entries, in one round trip.
 
         MULTI makes each thread's meta and entries consistent with trimming.
+        A thread whose commands fail (say a key of the wrong type) gets a
+        :class:`StoreError` in its place; the others are unaffected.
         """
         pipe = self._client.pipeline(transaction=True)
         for thread, after in cursors:
             pipe.hmget(meta_key(self.prefix, thread), ["epoch", "trimmed"])
-            pipe.xrange(stream_key(self.prefix, thread), min=f"({after}", count=limit)
-        results = await self._call(pipe.execute())
-        pages = []
+            if offset_key(after) == _MAX_OFFSET:
+                pipe.xrange(stream_key(self.prefix, thread), min="+", max="+", count=0)
+            elif limit is None:
+                pipe.xrange(stream_key(self.prefix, thread), min=f"({after}")
+            else:
+                pipe.xrange(stream_key(self.prefix, thread), min=f"({after}", count=limit)
+        results = await self._call(pipe.execute(raise_on_error=False))
+        pages: list[_Page | StoreError] = []
         for i, (thread, _) in enumerate(cursors):
-            (epoch, trimmed), raw = results[2 * i], results[2 * i + 1]
+            meta, raw = results[2 * i], results[2 * i + 1]
+            failed = next((r for r in (meta, raw) if isinstance(r, Exception)), None)
+            if failed is not None:
+                pages.append(StoreError(f"thread {thread!r}: Redis error: {failed}"))
+                continue
+            epoch, trimmed = meta
             entries = [_entry(item) for item in raw]
             if epoch is None and entries:
                 # Written with a plain XADD (another language) and never read:
@@ -741,6 +1233,12 @@ class RedisStore:
                 )
             )
         return pages
+
+    async def _read_page(self, thread: str, after: Offset, limit: int | None) -> _Page:
+        (page,) = await self._read_pages([(thread, after)], limit)
+        if isinstance(page, StoreError):
+            raise page
+        return page
 
     async def _ensure_epoch(self, thread: str) -> str | None:
         meta = meta_key(self.prefix, thread)
@@ -758,7 +1256,7 @@ class RedisStore:
         self, thread: str, after: Offset, limit: int
     ) -> tuple[str | None, list[Entry]]:
         offset_key(after)
-        (page,) = await self._read_pages([(thread, after)], limit)
+        page = await self._read_page(thread, after, limit)
         if page.expired(after):
             first = await self._call(self._client.xrange(stream_key(self.prefix, thread), count=1))
             raise OffsetExpired(thread, after, _text(first[0][0]) if first else None)
@@ -773,11 +1271,44 @@ class RedisStore:
         out: list[Entry] = []
         cursor = after
         while True:
-            _, page = await self._fetch(thread, cursor, 5000)
+            _, page = await self._fetch(thread, cursor, READ_PAGE)
             out += page
-            if len(page) < 5000:
+            if len(page) < READ_PAGE:
                 return out
             cursor = page[-1].offset
+
+    async def read_available(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> Available:
+        check_thread(thread)
+        offset_key(after)
+        if limit is not None:
+            page = await self._read_page(thread, after, limit)
+            return Available(page.epoch, page.trimmed, page.entries, page.expired(after))
+        for attempt in range(READ_TRIES):
+            # The last try reads everything in one MULTI: consistent whatever
+            # the producers do meanwhile, at the price of one large reply.
+            size = None if attempt == READ_TRIES - 1 else READ_PAGE
+            page = await self._read_page(thread, after, size)
+            epoch, trimmed, entries = page.epoch, page.trimmed, list(page.entries)
+            gap = page.expired(after)
+            while size is not None and len(page.entries) == size:
+                cursor = entries[-1].offset
+                page = await self._read_page(thread, cursor, size)
+                if page.epoch != epoch:
+                    break  # re-created meanwhile: start over
+                if page.expired(cursor):
+                    # Trimming overtook this read: what it has is trimmed now;
+                    # go on after the new trim mark, with a gap. (Otherwise the
+                    # trim mark stays the one read with the first entry: the
+                    # entries follow it without a hole.)
+                    gap = True
+                    trimmed = page.trimmed
+                    entries = []
+                entries += page.entries
+            else:
+                return Available(epoch, trimmed, entries, gap)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def epoch(self, thread: str) -> str | None:
         check_thread(thread)
@@ -831,11 +1362,16 @@ class RedisStore:
         pattern = f"{self.prefix}:{{*}}:events"
         head, tail = len(self.prefix) + 2, len("}:events")
         found: set[str] = set()
-        async for key in self._client.scan_iter(match=pattern, count=1000, _type="stream"):
-            found.add(_text(key)[head:-tail])
-            if len(found) >= limit:
+        cursor: Any = 0
+        while True:
+            cursor, keys = await self._call(
+                self._client.scan(cursor, match=pattern, count=1000, _type="stream")
+            )
+            for key in keys:
+                found.add(_text(key)[head:-tail])
+            if not cursor or len(found) >= limit:
                 break
-        return sorted(found)
+        return sorted(found)[:limit]
 
     async def delete(self, thread: str) -> bool:
         check_thread(thread)
@@ -875,11 +1411,80 @@ class RedisStore:
         return Checkpoint(_text(offset), _text(epoch), events, complete == b"1")
 
     async def ping(self) -> None:
-        await self._call(self._client.ping())
+        await self._call(self._client.ping(), "PING")
+
+    async def durability_warnings(self) -> list[str]:
+        """Warnings about Redis settings that break the store's promises.
+
+        Reads ``appendonly``, ``appendfsync``, ``save``, ``maxmemory`` and
+        ``maxmemory-policy`` with CONFIG GET; a Redis that does not allow it
+        (managed services) gets one warning saying so. See docs/store.md,
+        "Redis settings the store needs".
+        """
+        names = ("appendonly", "appendfsync", "save", "maxmemory", "maxmemory-policy")
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.config_get(name)
+        replies = await self._call(pipe.execute(raise_on_error=False), "CONFIG GET")
+        refused = next((r for r in replies if isinstance(r, Exception)), None)
+        settings: dict[str, str] = {}
+        for reply in replies:
+            if isinstance(reply, dict):
+                settings.update({_text(k): _text(v) for k, v in reply.items()})
+        if refused is not None or any(name not in settings for name in names):
+            why = f"CONFIG GET failed: {refused}" if refused is not None else "incomplete reply"
+            return [
+                f"Redis at {self.url} does not let the store read its settings ({why}); "
+                "check by hand that appendonly is yes and maxmemory-policy is noeviction "
+                "(docs/store.md, 'Redis settings the store needs')."
+            ]
+        return durability_problems(settings, self.url, uses_ttl=self.retention.ttl > 0)
 
     async def close(self) -> None:
         if self._committer is not None and not self._committer.done():
-            await asyncio.wait([self._committer], timeout=self.socket_timeout)
+            await asyncio.wait([self._committer], timeout=self.op_timeout)
         await self._reader.close()
         await self._client.aclose()
         await self._client.connection_pool.disconnect()
+
+
+def durability_problems(settings: dict[str, str], where: str, *, uses_ttl: bool) -> list[str]:
+    """The warnings :meth:`RedisStore.durability_warnings` gives for *settings*
+    (CONFIG GET names to values), about the Redis at *where*."""
+    warnings = []
+    appendonly = settings.get("appendonly", "").lower()
+    fsync = settings.get("appendfsync", "").lower()
+    save = settings.get("save", "").strip()
+    policy = settings.get("maxmemory-policy", "").lower()
+    maxmemory = settings.get("maxmemory", "0")
+    if appendonly == "no" and not save:
+        warnings.append(
+            f'Redis at {where} persists nothing (appendonly no, save ""): a restart loses '
+            "every thread (readers see new epochs); set appendonly yes "
+            "(CONFIG SET appendonly yes, and in redis.conf)."
+        )
+    elif appendonly == "no":
+        warnings.append(
+            f'Redis at {where} has appendonly no (RDB snapshots only, save "{save}"): a '
+            "restart rolls threads back to the last snapshot and loses the events stored "
+            "since (readers see new epochs); set appendonly yes (CONFIG SET appendonly yes, "
+            "and in redis.conf)."
+        )
+    elif fsync == "no":
+        warnings.append(
+            f"Redis at {where} has appendfsync no: a crash of its machine can lose the last "
+            "~30 s of acknowledged events; set appendfsync everysec (at most ~1 s) or always."
+        )
+    if policy.startswith("allkeys-"):
+        warnings.append(
+            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory}): when "
+            "memory runs out it evicts thread keys, events included; set maxmemory-policy "
+            "noeviction (appends then fail instead of losing events)."
+        )
+    elif policy.startswith("volatile-") and uses_ttl:
+        warnings.append(
+            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory}) and the "
+            "store gives threads a ttl, which makes their keys evictable; set "
+            "maxmemory-policy noeviction, or drop the store's ttl option."
+        )
+    return warnings

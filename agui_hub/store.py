@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -63,6 +64,7 @@ from .offsets import START, Offset, check_thread, offset_key
 __all__ = [
     "START",
     "AppendConflict",
+    "Available",
     "Checkpoint",
     "Entry",
     "EventInput",
@@ -81,6 +83,7 @@ __all__ = [
     "check_thread",
     "offset_key",
     "open_store",
+    "redact_url",
 ]
 
 # -- values ----------------------------------------------------------------------
@@ -152,6 +155,28 @@ class Entry(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Available:
+    """What :meth:`ThreadStore.read_available` found: the stored entries after
+    an offset, with the epoch and trim mark read together with them.
+
+    ``entries`` are the entries after ``max(after, trimmed)``, oldest first,
+    with no hole between them nor before the first; ``gap`` is ``True`` when
+    events after the requested offset had been trimmed, so the entries do not
+    continue it (the history they give is incomplete). ``trimmed`` is the
+    trim mark read with the first entry: read page by page, retention may
+    have trimmed some of the entries since.
+    """
+
+    epoch: str | None
+    """The thread's epoch (``None``: no such thread)."""
+    trimmed: Offset | None
+    """Offset of the last event removed by retention (``None``: nothing trimmed)."""
+    entries: list[Entry]
+    gap: bool = False
+    """Events after the requested offset were trimmed before they could be read."""
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadInfo:
     """What an operator sees of a thread."""
 
@@ -201,8 +226,12 @@ class Retention:
     """Delete a whole thread after this many seconds without an append."""
 
     def __post_init__(self) -> None:
-        if self.max_len < 0 or self.max_age < 0 or self.ttl < 0:
-            raise ValueError("retention limits must not be negative")
+        for name in ("max_len", "max_age", "ttl"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"retention limit {name} must be a finite number")
+            if value < 0:
+                raise ValueError("retention limits must not be negative")
 
 
 # -- the interface -------------------------------------------------------------------
@@ -240,6 +269,20 @@ class ThreadStore(Protocol):
 
         Raises :class:`OffsetExpired` if events after *after* were trimmed.
         An unknown thread reads as empty.
+        """
+        ...
+
+    async def read_available(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> Available:
+        """The entries after ``max(after, trimmed)`` with the epoch and trim mark
+        taken atomically with them; never raises :class:`OffsetExpired`.
+
+        For reloads racing a producer that trims flat out: where :meth:`read`
+        would raise, this answers what is still stored and sets
+        :attr:`Available.gap`. Without *limit* it reads up to the head; when
+        trimming overtakes it between pages it goes on after the new trim
+        mark (``gap``), when the epoch changes meanwhile it starts over.
         """
         ...
 
@@ -281,6 +324,14 @@ class ThreadStore(Protocol):
 
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` unless the backend answers."""
+        ...
+
+    async def durability_warnings(self) -> list[str]:
+        """One actionable sentence per backend setting that breaks a promise of
+        the store (events lost on restart, evictable keys); ``[]`` when none does.
+
+        Raises :class:`StoreUnavailable` when the backend cannot be reached.
+        """
         ...
 
     async def close(self) -> None:
@@ -369,11 +420,17 @@ class FeedSubscription:
         if self.state is not FeedState.NEW:
             return
         self.state = FeedState.CATCHING_UP
-        await self._backend._register(self)
-        # Registered first: every entry after `head` reaches the buffer, so
-        # history is needed only up to `head`.
-        self.epoch = await self._backend.epoch(self.thread)
-        head = await self._backend.last_offset(self.thread)
+        try:
+            await self._backend._register(self)
+            # Registered first: every entry after `head` reaches the buffer, so
+            # history is needed only up to `head`.
+            self.epoch = await self._backend.epoch(self.thread)
+            head = await self._backend.last_offset(self.thread)
+        except BaseException:
+            # A failed start leaves nothing behind: no registration, no
+            # subscription to the thread's notifications.
+            await self.close()
+            raise
         self._head_key = offset_key(head)
         if self._after is None:
             self._cursor = head
@@ -483,6 +540,45 @@ class FeedSubscription:
 
 # -- choosing a store by URL -------------------------------------------------------------
 
+DEFAULT_OP_TIMEOUT = 5.0
+"""Default deadline of one store operation, in seconds (``op_timeout``)."""
+
+DEFAULT_OUTAGE_GRACE = 5.0
+"""Default seconds a live feed waits out a Redis outage before it ends with
+:class:`StoreUnavailable` (``outage_grace``)."""
+
+_REDACTED = "***"
+_SECRET_OPTIONS = frozenset({"password", "ssl_password"})
+
+
+def redact_url(url: str) -> str:
+    """*url* without its secrets: the password (and a ``password`` or
+    ``ssl_password`` query option) replaced by ``***``; user, host, port, db
+    and the other options kept. Safe to log, to show in /readyz and in error
+    messages. Never raises.
+    """
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            if ":" in userinfo:
+                user = userinfo.split(":", 1)[0]
+                netloc = f"{user}:{_REDACTED}@{hostinfo}"
+        query = parts.query
+        if query:
+            fields = []
+            for item in query.split("&"):
+                name, sep, _value = item.partition("=")
+                fields.append(f"{name}={_REDACTED}" if sep and name in _SECRET_OPTIONS else item)
+            query = "&".join(fields)
+        if netloc == parts.netloc and query == parts.query:
+            return url
+        return parts._replace(netloc=netloc, query=query).geturl()
+    except Exception:
+        scheme = url.split(":", 1)[0] if isinstance(url, str) and ":" in url else "?"
+        return f"{scheme}://{_REDACTED} (unparseable URL)"
+
 
 @dataclass
 class StoreURL:
@@ -492,61 +588,169 @@ class StoreURL:
     redis_url: str | None
     prefix: str = "agui"
     retention: Retention = field(default_factory=Retention)
+    op_timeout: float | None = None
+    """``op_timeout`` from the query (``None``: the store's default)."""
+    outage_grace: float | None = None
+    """``outage_grace`` from the query (``None``: the store's default)."""
+
+
+_OWN_OPTIONS = ("prefix", "max_len", "max_age", "ttl", "op_timeout", "outage_grace")
+
+# Options redis-py's URL parser takes as strings (it passes any query option
+# to the connection class; these are the ones the connection classes accept).
+_REDIS_STRING_OPTIONS = frozenset(
+    {"username", "password", "client_name", "lib_name", "lib_version"}
+)
+_REDIS_SSL_STRING_OPTIONS = frozenset(
+    {
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_data",
+        "ssl_ca_path",
+        "ssl_ciphers",
+        "ssl_password",
+    }
+)
+# Used when redis-py is not installed (open_store then says so).
+_REDIS_PARSED_FALLBACK = frozenset(
+    {
+        "db",
+        "health_check_interval",
+        "legacy_responses",
+        "max_connections",
+        "protocol",
+        "retry_on_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_read_size",
+        "socket_timeout",
+        "ssl_check_hostname",
+        "ssl_exclude_verify_flags",
+        "ssl_include_verify_flags",
+        "ssl_min_version",
+        "timeout",
+    }
+)
+
+
+def redis_url_options(scheme: str) -> frozenset[str]:
+    """The query options a ``redis://`` (or ``rediss://``) URL may pass to redis-py:
+    those its URL parser documents (``URL_QUERY_ARGUMENT_PARSERS``) plus the
+    string options its connection classes take; the ``ssl_*`` ones only with
+    ``rediss://``."""
+    try:
+        from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+        parsed = frozenset(URL_QUERY_ARGUMENT_PARSERS)
+    except ImportError:
+        parsed = _REDIS_PARSED_FALLBACK
+    known = parsed | _REDIS_STRING_OPTIONS | _REDIS_SSL_STRING_OPTIONS
+    if scheme != "rediss":
+        known = frozenset(name for name in known if not name.startswith("ssl_"))
+    return known
+
+
+def check_redis_options(scheme: str, names: Sequence[str]) -> None:
+    """:class:`ValueError` naming the first of *names* redis-py would not take."""
+    known = redis_url_options(scheme)
+    for name in names:
+        if name in known:
+            continue
+        if name.startswith("ssl_") and name in redis_url_options("rediss"):
+            raise ValueError(f"store URL option {name!r} needs a rediss:// URL")
+        raise ValueError(
+            f"unknown store URL option {name!r}; known options: "
+            f"{', '.join(_OWN_OPTIONS)} and, for redis-py, {', '.join(sorted(known))}"
+        )
+
+
+def _number(
+    query: dict[str, list[str]], name: str, kind: type[float] | type[int], *, positive: bool = False
+) -> Any:
+    """The option *name* as a finite number >= 0 (> 0 if *positive*); None when absent."""
+    if name not in query:
+        return None
+    raw = query[name][-1]
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"store URL option {name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"store URL option {name}={raw!r} must be a finite number")
+    if value < 0 or (positive and value == 0):
+        bound = "greater than 0" if positive else "0 or more"
+        raise ValueError(f"store URL option {name}={raw!r} must be {bound}")
+    return value
 
 
 def _parse_retention(query: dict[str, list[str]]) -> Retention:
     defaults = Retention()
-
-    def number(name: str, kind: type[float] | type[int]) -> Any:
-        if name not in query:
-            return getattr(defaults, name)
-        raw = query[name][-1]
-        try:
-            return kind(raw)
-        except ValueError:
-            raise ValueError(f"store URL option {name}={raw!r} is not a number") from None
-
-    return Retention(
-        max_len=number("max_len", int), max_age=number("max_age", float), ttl=number("ttl", float)
-    )
-
-
-_KNOWN_OPTIONS = {"max_len", "max_age", "ttl", "prefix"}
+    values = {
+        name: _number(query, name, kind)
+        for name, kind in (("max_len", int), ("max_age", float), ("ttl", float))
+    }
+    return Retention(**{k: getattr(defaults, k) if v is None else v for k, v in values.items()})
 
 
 def parse_store_url(url: str) -> StoreURL:
-    """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&max_age=…&ttl=…``."""
+    """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&max_age=…&ttl=…``.
+
+    Our options: ``prefix``, ``max_len``, ``max_age``, ``ttl``,
+    ``op_timeout``, ``outage_grace`` (see docs/store.md); a ``redis://`` URL
+    may also carry the options redis-py documents (:func:`redis_url_options`).
+    Anything else, a negative or non-finite number: :class:`ValueError`
+    (whose message never shows the password).
+    """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - _KNOWN_OPTIONS
     if scheme not in {"memory", "redis", "rediss"}:
         raise ValueError(
-            f"unsupported store URL {url!r}: use memory://, redis://host:port/db or rediss://…"
+            f"unsupported store URL {redact_url(url)!r}: "
+            "use memory://, redis://host:port/db or rediss://…"
         )
+    query = parse_qs(parts.query, keep_blank_values=True)
+    foreign = [name for name in query if name not in _OWN_OPTIONS]
     redis_url = None
     if scheme in {"redis", "rediss"}:
+        check_redis_options(scheme, foreign)
         # Pass the options redis-py understands through; keep ours.
         passthrough = "&".join(
-            f"{k}={v}" for k, values in query.items() if k not in _KNOWN_OPTIONS for v in values
+            item
+            for item in parts.query.split("&")
+            if item and item.partition("=")[0] not in _OWN_OPTIONS
         )
         redis_url = parts._replace(query=passthrough).geturl()
-    elif unknown:
-        raise ValueError(f"unknown store URL option(s): {', '.join(sorted(unknown))}")
+    elif foreign:
+        raise ValueError(
+            f"unknown store URL option(s) for memory://: {', '.join(sorted(foreign))}; "
+            f"known options: {', '.join(_OWN_OPTIONS)}"
+        )
     prefix = query.get("prefix", ["agui"])[-1]
     if not prefix or "{" in prefix or "}" in prefix:
         raise ValueError("store URL option prefix must be non-empty and without braces")
-    return StoreURL(scheme, redis_url, prefix, _parse_retention(query))
+    return StoreURL(
+        scheme,
+        redis_url,
+        prefix,
+        _parse_retention(query),
+        op_timeout=_number(query, "op_timeout", float, positive=True),
+        outage_grace=_number(query, "outage_grace", float),
+    )
 
 
 def open_store(url: str | None = None, *, retention: Retention | None = None) -> ThreadStore:
     """Create the store named by *url* (``None`` or ``""``: the memory store).
 
     Options in the URL's query: ``prefix`` (Redis key prefix, default
-    ``agui``), ``max_len``, ``max_age`` (seconds), ``ttl`` (seconds). An
-    explicit *retention* overrides the URL's. Raises :class:`ValueError` for a
-    URL it cannot use: an unknown scheme or option, or ``redis://`` without
-    the ``redis`` extra installed.
+    ``agui``), ``max_len``, ``max_age`` (seconds), ``ttl`` (seconds),
+    ``op_timeout`` (seconds, deadline of one store operation, default 5),
+    ``outage_grace`` (seconds a live feed waits out an outage, default 5),
+    and for ``redis://`` the options redis-py documents. An explicit
+    *retention* overrides the URL's. Raises :class:`ValueError` for a URL it
+    cannot use: an unknown scheme or option, a bad number, or ``redis://``
+    without the ``redis`` extra installed.
     """
     parsed = parse_store_url(url or "memory://")
     chosen = retention or parsed.retention
@@ -565,4 +769,9 @@ def open_store(url: str | None = None, *, retention: Retention | None = None) ->
         ) from None
 
     assert parsed.redis_url is not None
-    return RedisStore(parsed.redis_url, prefix=parsed.prefix, retention=chosen)
+    options: dict[str, Any] = {}
+    if parsed.op_timeout is not None:
+        options["op_timeout"] = parsed.op_timeout
+    if parsed.outage_grace is not None:
+        options["outage_grace"] = parsed.outage_grace
+    return RedisStore(parsed.redis_url, prefix=parsed.prefix, retention=chosen, **options)

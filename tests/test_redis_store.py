@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import msgpack
 import pytest
 import redis.asyncio as aioredis
 
+import agui_hub.redis_store as redis_store
 from agui_hub.errors import StoreUnavailable, ThreadReset
 from agui_hub.redis_store import RedisStore, notify_channel, stream_key
 from agui_hub.store import START, EventInput, FeedState, Retention
@@ -236,3 +238,109 @@ return 1
 async def evalsha_calls(admin: aioredis.Redis) -> int:
     stats = await admin.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+# -- read_available: pages, trimming and epochs --------------------------------------------
+
+
+def payload_delta(entry: Any) -> str:
+    return str(msgpack.unpackb(entry.data)["delta"])
+
+
+async def test_read_available_goes_on_after_trimming_overtakes_it(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_store, "READ_PAGE", 2)
+    store = RedisStore(redis_server.url, prefix=f"ra{uuid.uuid4().hex[:8]}")
+    store.retention = Retention(max_len=6)
+    offsets = await store.append("t", [item(i) for i in range(6)])
+    read_page = store._read_page
+    calls = 0
+
+    async def trimming_between_pages(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # after the first page: four more events trim e0..e3
+            await store.append("t", [item(i) for i in range(6, 10)])
+        return await read_page(*args)
+
+    monkeypatch.setattr(store, "_read_page", trimming_between_pages)
+    got = await store.read_available("t")
+    assert got.gap and got.trimmed == offsets[3]
+    assert [payload_delta(e) for e in got.entries] == [f"d{i}" for i in range(4, 10)]
+    await store.close()
+
+
+async def test_read_available_starts_over_when_the_epoch_changes(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_store, "READ_PAGE", 2)
+    store = RedisStore(redis_server.url, prefix=f"ra{uuid.uuid4().hex[:8]}")
+    await store.append("t", [item(i) for i in range(5)])
+    read_page = store._read_page
+    calls = 0
+
+    async def recreated_between_pages(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            await store.delete("t")
+            await store.append("t", [item(i) for i in range(100, 103)])
+        return await read_page(*args)
+
+    monkeypatch.setattr(store, "_read_page", recreated_between_pages)
+    got = await store.read_available("t")
+    assert got.epoch == await store.epoch("t") and not got.gap
+    assert [payload_delta(e) for e in got.entries] == ["d100", "d101", "d102"]
+    await store.close()
+
+
+async def test_read_available_ends_with_one_atomic_read(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread re-created between every two pages: after a bounded number of
+    tries it reads everything in one MULTI instead of failing."""
+    monkeypatch.setattr(redis_store, "READ_PAGE", 2)
+    store = RedisStore(redis_server.url, prefix=f"ra{uuid.uuid4().hex[:8]}")
+    await store.append("t", [item(i) for i in range(5)])
+    read_page = store._read_page
+    sizes: list[int | None] = []
+
+    async def always_recreated(thread: str, after: str, limit: int | None) -> Any:
+        sizes.append(limit)
+        if after != START:
+            await store.delete("t")
+            await store.append("t", [item(i) for i in range(5)])
+        return await read_page(thread, after, limit)
+
+    monkeypatch.setattr(store, "_read_page", always_recreated)
+    got = await store.read_available("t")
+    assert [payload_delta(e) for e in got.entries] == [f"d{i}" for i in range(5)]
+    assert sizes[-1] is None and sizes.count(None) == 1
+    assert len(sizes) == 2 * (redis_store.READ_TRIES - 1) + 1
+    await store.close()
+
+
+# -- entries written by others -------------------------------------------------------------
+
+
+def test_entry_never_raises() -> None:
+    def entry(*fields: Any) -> Any:
+        return redis_store._entry([b"5-1", list(fields)])
+
+    e = entry(b"event", b"\x80", b"id", b"\xff\xfe", b"run", b"r", b"type", b"X")
+    assert (e.offset, e.data, e.event_id, e.run_id, e.type) == (
+        "5-1",
+        b"\x80",
+        "\ufffd\ufffd",
+        "r",
+        "X",
+    )
+    e = entry(b"id", b"only")
+    assert (e.data, e.event_id, e.run_id, e.type) == (b"", "only", None, "")
+    e = entry(b"type", b"T", b"event", b"\x90")
+    assert (e.data, e.event_id, e.type) == (b"\x90", "5-1", "T")  # no id: the offset
+    e = entry(b"event", b"\x90", b"run", b"r", b"id", b"i", b"type", b"T")  # another order
+    assert (e.event_id, e.run_id) == ("i", "r")
+    e = entry(b"odd")
+    assert e.data == b"" and e.event_id == "5-1"

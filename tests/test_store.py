@@ -23,6 +23,7 @@ from agui_hub.memory_store import MemoryStore
 from agui_hub.redis_store import RedisStore
 from agui_hub.store import (
     START,
+    Available,
     Checkpoint,
     EventInput,
     Expected,
@@ -31,6 +32,7 @@ from agui_hub.store import (
     offset_key,
     open_store,
     parse_store_url,
+    redact_url,
 )
 
 from .conftest import TIMEOUT_SCALE, RedisServer
@@ -415,6 +417,7 @@ def test_store_urls() -> None:
     assert parsed.redis_url == "redis://h:1/2?socket_keepalive=true"
     assert parsed.prefix == "x"
     assert parsed.retention == Retention(max_len=10, ttl=60)
+    assert parsed.op_timeout is None and parsed.outage_grace is None
     assert parse_store_url("rediss://h/0").scheme == "rediss"
     with pytest.raises(ValueError, match="unsupported store URL"):
         open_store("postgres://x")
@@ -424,6 +427,158 @@ def test_store_urls() -> None:
         open_store("memory://?maxlen=3")
     with pytest.raises(ValueError, match="negative"):
         Retention(max_len=-1)
+    with pytest.raises(ValueError, match="finite"):
+        Retention(max_age=float("nan"))
+
+
+def test_store_url_options_are_checked() -> None:
+    """Only our options and the ones redis-py documents; a typo is refused at
+    once, naming the option and the known ones (not at the first connection)."""
+    with pytest.raises(ValueError, match=r"'maxlen'.*known options: prefix, max_len") as caught:
+        parse_store_url("redis://:pw@h:1/0?maxlen=5")
+    assert "pw" not in str(caught.value) and "socket_timeout" in str(caught.value)
+    with pytest.raises(ValueError, match="'decode_responses'"):
+        parse_store_url("redis://h/0?decode_responses=true")
+    with pytest.raises(ValueError, match="needs a rediss:// URL"):
+        parse_store_url("redis://h/0?ssl_cert_reqs=none")
+    accepted = parse_store_url(
+        "rediss://u:p@h:1/0?ssl_cert_reqs=none&client_name=gw&health_check_interval=5"
+        "&socket_timeout=2&max_len=3&op_timeout=1.5&outage_grace=0"
+    )
+    assert accepted.redis_url == (
+        "rediss://u:p@h:1/0?ssl_cert_reqs=none&client_name=gw&health_check_interval=5"
+        "&socket_timeout=2"
+    )
+    assert (accepted.op_timeout, accepted.outage_grace) == (1.5, 0.0)
+    for bad in ("max_len=-1", "max_age=nan", "ttl=inf", "op_timeout=0", "outage_grace=-2"):
+        with pytest.raises(ValueError, match=bad.split("=")[0]):
+            parse_store_url(f"redis://h/0?{bad}")
+    with pytest.raises(ValueError, match="op_timeout"):
+        RedisStore("redis://h/0", op_timeout=float("nan"))
+    # RedisStore's own URL is checked too; our options go to open_store().
+    with pytest.raises(ValueError, match="open_store"):
+        RedisStore("redis://h/0?max_len=5")
+    with pytest.raises(ValueError, match="'maxlen'"):
+        RedisStore("redis://h/0?maxlen=5")
+
+
+async def test_store_url_options_reach_the_store(redis_server: RedisServer) -> None:
+    store = open_store(f"{redis_server.url}?op_timeout=1.5&outage_grace=0.5&prefix=opts")
+    assert isinstance(store, RedisStore)
+    assert (store.op_timeout, store.outage_grace, store.prefix) == (1.5, 0.5, "opts")
+    await store.ping()
+    await store.close()
+    default = open_store(redis_server.url)
+    assert isinstance(default, RedisStore) and default.op_timeout == 5.0
+    await default.close()
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://u:secret@h:6379/1?db=1&x=y") == "redis://u:***@h:6379/1?db=1&x=y"
+    assert redact_url("rediss://:secret@h/0") == "rediss://:***@h/0"
+    assert redact_url("redis://h:6379/0?password=secret&client_name=a") == (
+        "redis://h:6379/0?password=***&client_name=a"
+    )
+    assert redact_url("redis://user@h/0") == "redis://user@h/0"  # no password: as it is
+    assert redact_url("redis://u:p%40ss@h/0") == "redis://u:***@h/0"
+    assert redact_url("memory://") == "memory://"
+    assert "secret" not in redact_url("redis://u:secret@[::1/0")  # unparseable: still redacted
+    store = RedisStore("redis://u:secret@h:1/0")
+    assert store.url == "redis://u:***@h:1/0" and "secret" not in repr(store)
+
+
+def test_offsets_are_ascii_digits_only() -> None:
+    assert offset_key("1-0") == (1, 0)
+    assert offset_key("0001-02") == (1, 2)
+    for bad in ("\u0661-0", "1-\u0660", "\uff11-0", "1-0\n", " 1-0", "-1-0", "1_0-0", "1-0-0"):
+        with pytest.raises(InvalidOffset):
+            offset_key(bad)
+    with pytest.raises(InvalidOffset):
+        offset_key(f"{2**64}-0")
+
+
+async def test_stores_refuse_non_ascii_offsets(make_store: StoreFactory) -> None:
+    store = await make_store()
+    await store.append("t", [item(1)])
+    arabic_one = "\u0661-0"
+    with pytest.raises(InvalidOffset):
+        await store.read("t", after=arabic_one)
+    with pytest.raises(InvalidOffset):
+        await store.read_available("t", after=arabic_one)
+    with pytest.raises(InvalidOffset):
+        store.subscribe("t", after=arabic_one)
+    epoch = await store.epoch("t")
+    with pytest.raises(InvalidOffset):
+        await store.append("t", [item(2)], expect=Expected(epoch, arabic_one))
+
+
+async def test_read_available_never_expires(make_store: StoreFactory) -> None:
+    """What is stored after max(after, trimmed), with the epoch and trim mark read
+    with it; gap says whether events after `after` were trimmed."""
+    store = await make_store(Retention(max_len=3))
+    assert await store.read_available("nobody") == Available(None, None, [], False)
+    offsets = [(await store.append("t", [item(i)]))[0] for i in range(6)]
+    epoch = await store.epoch("t")
+    whole = await store.read_available("t")
+    assert (whole.epoch, whole.trimmed, whole.gap) == (epoch, offsets[2], True)
+    assert deltas(whole.entries) == ["d3", "d4", "d5"]
+    from_trim = await store.read_available("t", after=offsets[2])
+    assert not from_trim.gap and deltas(from_trim.entries) == ["d3", "d4", "d5"]
+    later = await store.read_available("t", after=offsets[3], limit=1)
+    assert not later.gap and deltas(later.entries) == ["d4"]
+    early = await store.read_available("t", after=offsets[0], limit=2)
+    assert early.gap and deltas(early.entries) == ["d3", "d4"]
+    head = await store.read_available("t", after=offsets[5])
+    assert head == Available(epoch, offsets[2], [], False)
+
+
+async def test_read_available_keeps_up_with_a_producer_that_trims(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_len 20 and a producer appending flat out: where info() then read()
+    raced into OffsetExpired, read_available always answers, and its entries
+    are a gap-free run that ends at most at the head."""
+    import agui_hub.redis_store as redis_store
+
+    monkeypatch.setattr(redis_store, "READ_PAGE", 4)  # several pages per call on Redis
+    store = await make_store(Retention(max_len=20))
+    producing = True
+
+    async def produce() -> None:
+        n = 0
+        while producing:
+            await store.append("t", [item(n, "p")])
+            n += 1
+            if n % 5 == 0:
+                await asyncio.sleep(0)
+
+    producer = asyncio.create_task(produce())
+    try:
+        await asyncio.sleep(0.05)
+        gaps = 0
+        for _ in range(60):
+            got = await store.read_available("t")
+            numbers = [int(d[1:]) for d in deltas(got.entries)]
+            assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
+            assert got.trimmed is not None
+            assert offset_key(got.entries[0].offset) > offset_key(got.trimmed)
+            assert got.epoch == await store.epoch("t")
+            gaps += got.gap
+            await asyncio.sleep(0)
+        assert gaps == 60  # the beginning is always trimmed: incomplete, never an error
+    finally:
+        producing = False
+        await producer
+
+
+async def test_durability_warnings(make_store: StoreFactory) -> None:
+    store = await make_store()
+    warnings = await store.durability_warnings()
+    assert all(isinstance(w, str) and w for w in warnings)
+    if isinstance(store, MemoryStore):
+        assert warnings == []
+    else:  # the test server persists nothing
+        assert any("appendonly" in w for w in warnings)
 
 
 async def test_checkpoints_move_forward_only_within_the_epoch(make_store: StoreFactory) -> None:
