@@ -30,7 +30,9 @@ imports redis.
 
 Errors: :class:`~agui_hub.errors.HubUnreachable` (cannot connect, or
 reconnecting gave up), :class:`~agui_hub.errors.ConnectionRejected` (the
-gateway closed for good: 4401, 4403), :class:`~agui_hub.errors.CommandRejected`
+connection ended for good: the gateway closed it with 1000, 4401 or 4403, or
+it cannot work as configured: a gateway frame over ``max_receive_bytes``,
+see :data:`CLIENT_FAULTS`), :class:`~agui_hub.errors.CommandRejected`
 (an error frame), and for :meth:`HubClient.publish` the same
 :class:`~agui_hub.errors.InvalidEvent` / :class:`~agui_hub.errors.SequenceError`
 a local publish raises.
@@ -99,8 +101,21 @@ StartFrom = Literal["live", "start", "snapshot"] | Position
 :class:`Position` (see docs/protocol.md, subscribe)."""
 
 DEFAULT_MAX_QUEUE = 10_000
+DEFAULT_MAX_RECEIVE_BYTES = 256 * 1024 * 1024
+"""Largest frame a client accepts by default: a snapshot is one frame, as large as
+the thread's folded content (tens of MB for a thread with long messages)."""
 _LONGEST_ID = 2**63 - 1
 NO_RESUME = {CloseCode.NORMAL, CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN}
+"""Close codes after which the client stops (docs/protocol.md, close codes)."""
+CLIENT_FAULTS = {1002: "protocol error", 1007: "invalid data", 1009: "message too big"}
+"""Close codes that say one side could not take the other's frame ("fix the client").
+
+Sent by the gateway (a frame of this client was refused), the client fails the
+commands in flight, reconnects and resumes once; the same close again before the
+gateway answered anything ends the client with
+:class:`~agui_hub.errors.ConnectionRejected` rather than a reconnect loop. Sent by
+this client (a frame of the gateway was over ``max_receive_bytes``, or invalid),
+it ends the client at once: the gateway would send the same frame again."""
 
 
 # -- what a subscription yields ---------------------------------------------------------------
@@ -112,7 +127,9 @@ class Subscribed:
 
     ``recovered`` is ``False`` when events after the client's position could
     not all be delivered (trimmed, or the thread was re-created): a
-    :class:`Snapshot` follows. ``resumed`` is ``True`` for every
+    :class:`Snapshot` follows. (A gateway reply claiming ``recovered: true``
+    in another epoch than the one resumed from is not trusted: the client
+    resubscribes from a snapshot and yields ``recovered=False``.) ``resumed`` is ``True`` for every
     resubscription after the first (after a reconnect, or after the consumer
     fell behind its queue); ``offset`` is the thread's newest offset
     at that moment and ``epoch`` its epoch (``None`` while it has no events).
@@ -231,6 +248,10 @@ class Subscription:
         self._sent_on: object | None = None  # the connection the last subscribe went to
         self._subscribed_once = False
         self._lagged = False
+        # Resubscribe from "snapshot": the gateway claimed a recovery it cannot
+        # have made (another epoch); cleared by the reply to that subscribe.
+        self._resync = False
+        self._retries = 0  # subscribes answered store_unavailable in a row
 
     # -- consumer side -------------------------------------------------------------------
 
@@ -359,7 +380,9 @@ class Subscription:
         self._lagged = False
         received = self._received
         start: Any
-        if received is None:
+        if self._resync:
+            start = "snapshot"
+        elif received is None:
             start = self.start.to_json() if isinstance(self.start, Position) else self.start
         elif received.epoch is None and received.offset == START:
             start = "start"  # the thread had no events: all of them are new to us
@@ -375,6 +398,28 @@ class Subscription:
             command["run"] = self.run
         return command
 
+    def _untrusted(self, epoch: Any, recovered: bool) -> bool:
+        """Whether a ``recovered: true`` claims a resume across epochs (a gateway bug, a race).
+
+        Offsets of one epoch mean nothing in another: continuing would yield
+        events that do not follow what the consumer has. Resubscribe from a
+        snapshot instead.
+        """
+        received = self._received
+        if not recovered or self._resync or received is None or received.epoch is None:
+            return False  # no epoch to hold the gateway to (an offset typed without one)
+        if epoch == received.epoch:
+            return False
+        log.warning(
+            "thread %s: the gateway answered recovered=true in epoch %s to a resume from "
+            "epoch %s; not trusted: resubscribing from a snapshot",
+            self.thread, epoch, received.epoch,
+        )  # fmt: skip
+        self._resync = True
+        self._awaiting = 0  # no reply has this id: frames are dropped until the resubscribe's
+        self.client._resubscribe(self)
+        return True
+
     def _on_subscribed(self, frame: Mapping[str, Any]) -> None:
         command_id = frame.get("id")
         epoch, offset = frame.get("epoch"), frame.get("offset", START)
@@ -384,7 +429,14 @@ class Subscription:
             if command_id != self._awaiting:
                 return  # the reply to a subscribe this one replaced
             self._awaiting = None
+            self._retries = 0
+            if self._untrusted(epoch, recovered):
+                return
             resumed, self._subscribed_once = self._subscribed_once, True
+            if self._resync:
+                # The reply to the "snapshot" resubscribe: a snapshot follows and
+                # replaces what the consumer built, which recovered nothing.
+                self._resync, recovered = False, False
             if not recovered:
                 position = None  # a snapshot follows and sets it
             elif received is not None:
@@ -397,6 +449,8 @@ class Subscription:
                 position = None
         elif self._awaiting is not None:
             return  # about a subscription this one replaced
+        elif self._untrusted(epoch, recovered):
+            return
         else:
             # An announcement: the thread's first event created its epoch, or the
             # thread was re-created (recovered false, a snapshot follows).
@@ -462,6 +516,9 @@ class _Backoff:
         self.attempt += 1
         return random.uniform(0, cap)
 
+    def reset(self) -> None:
+        self.attempt = 0
+
 
 class HubClient:
     """One connection to a gateway, shared by subscriptions and publishes.
@@ -470,8 +527,20 @@ class HubClient:
     subprotocol (``"msgpack"``, the default, or ``"json"``). After a lost
     connection the client retries with backoff between *backoff_min* and
     *backoff_max* seconds (full jitter) and gives up after *give_up_after*
-    seconds without a connection (``None``: never). *headers* go into the
-    opening handshake (e.g. an ``Authorization`` header).
+    seconds without a connection (``None``: never). The backoff keeps growing
+    over connections that fail early; it starts again from *backoff_min* only
+    once a connection proved healthy: a subscription was confirmed
+    (``subscribed``), a command was answered, or the connection lasted
+    *backoff_max* seconds. So a gateway that accepts connections and then
+    fails them is not hammered. *headers* go into the opening handshake (e.g.
+    an ``Authorization`` header).
+
+    *max_frame_bytes* is the largest frame this client sends (match the
+    gateway's limit) and *max_receive_bytes* the largest it accepts
+    (``None``: no limit). The latter must hold a whole snapshot, which is one
+    frame as large as the thread's folded content; a larger frame ends the
+    client with :class:`~agui_hub.errors.ConnectionRejected` (close code
+    1009) instead of reconnecting into the same frame.
     """
 
     def __init__(
@@ -485,7 +554,7 @@ class HubClient:
         backoff_max: float = 5.0,
         give_up_after: float | None = None,
         max_frame_bytes: int = 1024 * 1024,
-        max_receive_bytes: int | None = 256 * 1024 * 1024,
+        max_receive_bytes: int | None = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         self.url = url
         self.encoding = Encoding(encoding)
@@ -497,11 +566,18 @@ class HubClient:
         self.max_frame_bytes = max_frame_bytes
         """Largest frame this client sends (the gateway's limit, 1 MiB by default)."""
         self.max_receive_bytes = max_receive_bytes
+        """Largest frame this client accepts (a snapshot is one frame; ``None``: no limit)."""
         self.state = ClientState.NEW
         self.reconnects = 0
         """How many times the connection was re-established."""
         self.close_code: int | None = None
-        """The close code of the last lost connection (``None`` before any)."""
+        """The close code of the last lost connection (``None`` before any): the gateway's,
+        the one this client sent when it failed the connection (see
+        :data:`CLIENT_FAULTS`), or 1006 when it ended without a close frame."""
+        self._close_reason = ""
+        self._closed_here = False  # the last connection was failed by this client
+        self._backoff = _Backoff(backoff_min, backoff_max)
+        self._faulted = False  # a CLIENT_FAULTS close since the gateway last answered
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
         self._stopped = asyncio.Event()  # set when the client closed or gave up
@@ -799,26 +875,35 @@ class HubClient:
 
     async def _manage(self, ws: ClientConnection) -> None:
         """Serve the connection; when it drops, reconnect and resubscribe, until closed."""
+        loop = asyncio.get_running_loop()
         try:
             while True:
+                opened = loop.time()
                 await self._serve(ws)
-                code = self.close_code
+                code = self.close_code or 0
                 self._connected.clear()
-                if code == CloseCode.MESSAGE_TOO_BIG:
+                if loop.time() - opened >= self.backoff_max:
+                    # Lasted as long as the longest pause: reconnecting at once
+                    # costs no more than waiting backoff_max would.
+                    self._healthy()
+                fault = None if self._closed_here else CLIENT_FAULTS.get(code)
+                if fault is not None:
                     # Sending the same command again would be refused again.
-                    self._fail_pending(
-                        CommandRejected(
-                            "payload_too_large",
-                            "the gateway closed the connection (1009): a frame was over its "
-                            "size limit; lower the client's max_frame_bytes to match it",
-                        )
-                    )
+                    self._fail_pending(self._refused_frame(code, fault))
                 self._fail_pending(_ConnectionLost(f"connection closed ({code})"))
                 if self.state is ClientState.CLOSED:
                     return
                 if code in NO_RESUME:
-                    self._fail_all(ConnectionRejected(code or 0, ws.close_reason or ""))
+                    self._fail_all(ConnectionRejected(code, self._close_reason))
                     return
+                if self._closed_here:
+                    self._fail_all(self._unreadable_frame(code))
+                    return
+                if fault is not None:
+                    if self._faulted:
+                        self._fail_all(self._refused_again(code, fault))
+                        return
+                    self._faulted = True
                 self.state = ClientState.RECONNECTING
                 ws = await self._reconnect()
                 self._ws = ws
@@ -833,10 +918,52 @@ class HubClient:
             log.exception("agui-hub client: connection manager failed")
             self._fail_all(ClientError(f"the client failed: {exc!r}"))
 
+    def _refused_frame(self, code: int, name: str) -> CommandRejected:
+        """What a command in flight gets when the gateway closed with a CLIENT_FAULTS code."""
+        if code == CloseCode.MESSAGE_TOO_BIG:
+            return CommandRejected(
+                "payload_too_large",
+                "the gateway closed the connection (1009): a frame was over its "
+                "size limit; lower the client's max_frame_bytes to match it",
+            )
+        return CommandRejected(
+            "bad_frame",
+            f"the gateway closed the connection ({code} {name}: "
+            f"{self._close_reason or 'no reason given'}): it could not read a frame of "
+            "this client",
+        )
+
+    def _refused_again(self, code: int, name: str) -> ConnectionRejected:
+        error = ConnectionRejected(code, self._close_reason)
+        error.args = (
+            f"the gateway closed the connection with {code} ({name}"
+            f"{': ' + self._close_reason if self._close_reason else ''}) twice without "
+            "answering anything in between: it refuses this client's frames; fix the "
+            "client (e.g. max_frame_bytes) rather than reconnect",
+        )
+        return error
+
+    def _unreadable_frame(self, code: int) -> ConnectionRejected:
+        """This client failed the connection (CLIENT_FAULTS): the gateway's frame was unreadable."""
+        if code == CloseCode.MESSAGE_TOO_BIG:
+            what = (
+                f"a frame from the gateway was over this client's max_receive_bytes "
+                f"({self.max_receive_bytes} bytes), e.g. the snapshot of a large thread; "
+                "raise max_receive_bytes (None: no limit)"
+            )
+        else:
+            what = (
+                f"a frame from the gateway was unreadable ({code} "
+                f"{CLIENT_FAULTS.get(code, '')}: {self._close_reason})"
+            )
+        error = ConnectionRejected(code, self._close_reason)
+        error.args = (f"{what}; not reconnecting: the gateway would send it again",)
+        return error
+
     async def _reconnect(self) -> ClientConnection:
         loop = asyncio.get_running_loop()
         lost_at = loop.time()
-        backoff = _Backoff(self.backoff_min, self.backoff_max)
+        backoff = self._backoff  # grows over connections until one proves healthy
         while True:
             delay = backoff.next_delay()
             if self.give_up_after is not None:
@@ -873,8 +1000,23 @@ class HubClient:
                     self._dispatch(frame)
         except ConnectionClosed:
             pass
-        # 1006 when the connection ended without a close frame (the network).
-        self.close_code = ws.protocol.close_rcvd.code if ws.protocol.close_rcvd else 1006
+        protocol = ws.protocol
+        received, sent = protocol.close_rcvd, protocol.close_sent
+        self._closed_here = (
+            sent is not None
+            and sent.code in CLIENT_FAULTS
+            and (received is None or protocol.close_rcvd_then_sent is False)
+        )
+        if self._closed_here:
+            # websockets failed the connection: a frame of the gateway over
+            # max_receive_bytes (1009), not UTF-8 (1007) or malformed (1002).
+            assert sent is not None
+            self.close_code, self._close_reason = sent.code, sent.reason
+        elif received is not None:
+            self.close_code, self._close_reason = received.code, received.reason
+        else:
+            # 1006 when the connection ended without a close frame (the network).
+            self.close_code, self._close_reason = 1006, ""
 
     def _dispatch(self, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
@@ -888,13 +1030,21 @@ class HubClient:
                 sub._on_snapshot(frame)
         elif kind == "subscribed":
             if sub is not None:
+                if frame.get("id") is not None and frame.get("id") == sub._awaiting:
+                    self._healthy()  # the gateway serves the thread
                 sub._on_subscribed(frame)
         elif kind == "error":
             self._on_error(frame, sub)
         else:  # published, pong, unsubscribed
             future = self._pending.get(frame.get("id"))  # type: ignore[arg-type]
             if future is not None and not future.done():
+                self._healthy()
                 future.set_result(frame)
+
+    def _healthy(self) -> None:
+        """The connection works: the next reconnect starts from the shortest pause."""
+        self._backoff.reset()
+        self._faulted = False
 
     def _on_error(self, frame: dict[str, Any], sub: Subscription | None) -> None:
         code, message = str(frame.get("code")), str(frame.get("message"))
@@ -918,7 +1068,11 @@ class HubClient:
         log.warning("agui-hub client: error from the gateway: %s %s", code, message)
 
     async def _retry_subscribe(self, sub: Subscription) -> None:
-        await asyncio.sleep(random.uniform(self.backoff_min, max(self.backoff_min, 1.0)))
+        # Doubling pauses from ~1 s up to backoff_max while the store stays away.
+        low = self.backoff_min
+        cap = max(low, min(self.backoff_max, max(low, 1.0) * 2 ** min(sub._retries, 30)))
+        sub._retries += 1
+        await asyncio.sleep(random.uniform(low, cap))
         self._resubscribe(sub)
 
     def _fail_all(self, error: AguiHubError) -> None:
