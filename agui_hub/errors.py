@@ -14,7 +14,8 @@ the gateway puts into its error frames, and a message a person can act on.
         ├── InvalidEvent              not an AG-UI 1.0 event (shape, type, fields)
         ├── SequenceError             a valid event in an order the protocol forbids
         │   └── ChunkError            a *_CHUNK event that cannot be expanded
-        └── PatchError                a JSON Patch that cannot be applied
+        ├── PatchError                a JSON Patch that cannot be applied
+        └── LimitExceeded             an event would push the thread's state past a limit
     └── StoreError                    the thread store could not do what was asked
         ├── StoreUnavailable          the backend (Redis) cannot be reached; retry
         ├── InvalidOffset             not an offset of the form "<ms>-<seq>"
@@ -34,8 +35,9 @@ snapshot", never a silent partial read.
 
 A client receives the gateway's errors as the same classes:
 :func:`from_error_frame` turns an error frame of a publish into
-:class:`InvalidEvent`, :class:`SequenceError`, :class:`PayloadTooLarge` or
-:class:`StoreUnavailable` (with the gateway's message), so code that publishes
+:class:`InvalidEvent`, :class:`SequenceError`, :class:`PatchError`,
+:class:`LimitExceeded`, :class:`PayloadTooLarge` or :class:`StoreUnavailable`
+(with the gateway's message), so code that publishes
 catches the same exceptions whether it writes into a store or through a
 gateway. Error codes without a class of their own (``forbidden``,
 ``bad_command``, ...) become :class:`CommandRejected`.
@@ -157,6 +159,23 @@ class PatchError(ProtocolError):
 
     def __init__(self, message: str, *, patch: Any = None) -> None:
         self.patch = patch
+        super().__init__(message)
+
+
+class LimitExceeded(ProtocolError):
+    """An event would make the thread's folded state exceed a configured limit.
+
+    :attr:`limit` names the limit (``"max_depth"``, ``"max_bytes"``) and
+    :attr:`value` its configured value. Nothing of the event was applied or
+    stored: send a smaller state (a STATE_SNAPSHOT that replaces it), or
+    raise the limit (``agui-hub serve --state-max-bytes`` / ``--state-max-depth``).
+    """
+
+    code = "limit_exceeded"
+
+    def __init__(self, message: str, *, limit: str, value: int) -> None:
+        self.limit = limit
+        self.value = value
         super().__init__(message)
 
 
@@ -315,9 +334,9 @@ def from_error_frame(
 ) -> AguiHubError:
     """The exception that a gateway error frame stands for, with the gateway's message.
 
-    ``invalid_event``, ``sequence_error``, ``chunk_error``,
-    ``payload_too_large`` and ``store_unavailable`` give the classes a local
-    publish raises; any other code gives :class:`CommandRejected`. *index*
+    ``invalid_event``, ``sequence_error``, ``chunk_error``, ``patch_error``,
+    ``limit_exceeded``, ``payload_too_large`` and ``store_unavailable`` give
+    the classes a local publish raises; any other code gives :class:`CommandRejected`. *index*
     (the frame's ``index``) becomes :attr:`ProtocolError.index`.
     """
     exc: AguiHubError
@@ -335,6 +354,10 @@ def from_error_frame(
         exc = PayloadTooLarge.__new__(PayloadTooLarge)
         Exception.__init__(exc, message)
         exc.size, exc.limit = 0, 0
+    elif code == "patch_error":
+        exc = PatchError(message)
+    elif code == "limit_exceeded":
+        exc = LimitExceeded(message, limit="", value=0)
     elif code == "store_unavailable":
         exc = StoreUnavailable(message)
     else:

@@ -17,6 +17,19 @@ retries. So the sequence rules hold across writers too. The one leniency: in
 a thread whose beginning was trimmed away, an event that continues something
 the kept events never mention may continue what the trimmed part opened, and
 is accepted as if it did (once; what follows is judged as usual).
+
+State events are judged too, before they are stored: the writer keeps each
+thread's state document and activity contents
+(:class:`~agui_hub.reducer.StateDocuments`), so a STATE_DELTA or
+ACTIVITY_DELTA that does not apply raises
+:class:`~agui_hub.errors.PatchError`, and a snapshot or delta that would take
+the state past the writer's :class:`~agui_hub.reducer.StateLimits` raises
+:class:`~agui_hub.errors.LimitExceeded`, with nothing stored, exactly where
+:class:`~agui_hub.reducer.ThreadState` (a gateway's fold) would refuse it.
+Events already stored that do not apply (a plain XADD producer's) are
+skipped when the writer catches up, as a gateway's fold skips them. In a
+trimmed thread without a checkpoint the state document is unknown until the
+next STATE_SNAPSHOT, and deltas are taken on trust meanwhile.
 """
 
 from __future__ import annotations
@@ -32,17 +45,35 @@ from typing import Any
 
 import msgpack
 
-from .errors import AppendConflict, OffsetExpired, ProtocolError, SequenceError, StoreUnavailable
+from .errors import (
+    AppendConflict,
+    InvalidEvent,
+    LimitExceeded,
+    OffsetExpired,
+    PatchError,
+    ProtocolError,
+    SequenceError,
+    StoreUnavailable,
+)
 from .events import validate_batch
 from .offsets import START, Offset, offset_key
 from .protocol import check_event_ids
+from .reducer import DEFAULT_LIMITS, StateDocuments, StateLimits
 from .sequence import SequenceVerifier
-from .store import Entry, EventInput, Expected, ThreadStore
+from .store import Entry, EventInput, Expected, ThreadStore, encode_event_data
 
-__all__ = ["SequenceCheck", "ThreadWriter"]
+__all__ = [
+    "DEFAULT_MAX_STATE_CACHE_BYTES",
+    "DEFAULT_MAX_THREADS",
+    "SequenceCheck",
+    "ThreadWriter",
+]
 
 _MAX_ATTEMPTS = 20
 """Catch-ups one publish may do before giving up (others keep appending)."""
+
+_REFUSED = (SequenceError, PatchError, LimitExceeded)
+"""What judging a batch may answer; the rules may hold after what others stored."""
 
 
 class SequenceCheck(enum.StrEnum):
@@ -51,20 +82,24 @@ class SequenceCheck(enum.StrEnum):
     STRICT = "strict"
     """Reject an event that may not come next (the default)."""
     OFF = "off"
-    """Check each event on its own (shape, fields, size) but not its order: for
-    producers that replay or repair threads and know what they are doing."""
+    """Check each event on its own (shape, fields, size) but not its order, nor
+    whether state deltas apply: for producers that replay or repair threads and
+    know what they are doing. The writer keeps nothing of the threads then."""
 
 
 @dataclass(slots=True)
 class _Seen:
-    """What a writer knows of one thread's sequence."""
+    """What a writer knows of one thread: its sequence and its state documents."""
 
     verifier: SequenceVerifier
     after: Offset
-    """Everything up to here is folded into :attr:`verifier`."""
+    """Everything up to here is folded into :attr:`verifier` and :attr:`docs`."""
     epoch: str | None
+    docs: StateDocuments
     window: set[str] | None = None
     """For a trimmed thread: the ids its kept events mention (``None``: not trimmed)."""
+    cached: int = 0
+    """Bytes of :attr:`docs` counted in the writer's total (while it is cached)."""
 
 
 @dataclass(slots=True)
@@ -79,12 +114,21 @@ DEFAULT_MAX_THREADS = 10_000
 """Threads whose sequence state a writer keeps by default (the least recently
 published to are dropped first, and read again from the store when needed)."""
 
+DEFAULT_MAX_STATE_CACHE_BYTES = 256 * 1024 * 1024
+"""Bytes of state documents a writer keeps by default, over all its threads."""
+
 
 class ThreadWriter:
     """Validates, verifies and appends events to the threads of one store.
 
-    Its memory is bounded: the sequence state of at most *max_threads*
-    threads, those published to most recently.
+    *limits* bound each thread's state document and activity contents (as a
+    gateway's :class:`~agui_hub.reducer.ThreadState` does: give both the same
+    limits). Its memory is bounded: what it knows of at most *max_threads*
+    threads, those published to most recently, and at most about
+    *max_state_cache_bytes* of their state documents and activity contents
+    (approximate encoded size; least recently published threads are dropped
+    first, the one being published to is always kept). A dropped thread is
+    read again from the store when it is next published to.
     """
 
     def __init__(
@@ -93,13 +137,21 @@ class ThreadWriter:
         *,
         sequence: SequenceCheck = SequenceCheck.STRICT,
         max_threads: int = DEFAULT_MAX_THREADS,
+        limits: StateLimits = DEFAULT_LIMITS,
+        max_state_cache_bytes: int = DEFAULT_MAX_STATE_CACHE_BYTES,
     ):
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
+        if max_state_cache_bytes < 0:
+            raise ValueError("max_state_cache_bytes must not be negative")
         self.store = store
         self.sequence = SequenceCheck(sequence)
         self.max_threads = max_threads
+        self.limits = limits
+        self.max_state_cache_bytes = max_state_cache_bytes
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
+        self._state_bytes = 0
+        """Sum of ``cached`` over ``_seen``."""
         self._gates: dict[str, _Gate] = {}
 
     async def publish(
@@ -110,12 +162,24 @@ class ThreadWriter:
         *events* are wire dicts or event models (ours or the official
         ``ag_ui.core`` ones). *event_ids* (one per event, all different) make
         the call idempotent: a retry with the same ids stores nothing twice
-        and gets the same offsets. Raises :class:`~agui_hub.errors.InvalidEvent`
-        or :class:`~agui_hub.errors.SequenceError` with nothing stored, or a
+        and gets the same offsets. Raises, with nothing stored and ``index``
+        set to the position of the event at fault:
+        :class:`~agui_hub.errors.InvalidEvent` (also for a value the store
+        cannot encode, e.g. an integer beyond 64 bits),
+        :class:`~agui_hub.errors.SequenceError`,
+        :class:`~agui_hub.errors.PatchError` (a STATE_DELTA or ACTIVITY_DELTA
+        that does not apply) or :class:`~agui_hub.errors.LimitExceeded` (the
+        state would exceed :attr:`limits`); or a
         :class:`~agui_hub.errors.StoreError` (after
         :class:`~agui_hub.errors.StoreUnavailable`, retry with the same ids).
         """
         wires = validate_batch(events)
+        for n, wire in enumerate(wires):
+            try:
+                encode_event_data(wire)
+            except InvalidEvent as exc:
+                exc.index = n
+                raise
         ids = check_event_ids(event_ids, len(wires))
         if ids is None:
             ids = [uuid.uuid4().hex for _ in wires]
@@ -154,7 +218,7 @@ class ThreadWriter:
         for _attempt in range(_MAX_ATTEMPTS):
             try:
                 judged = await self._judge(thread, seen, wires, ids, retry)
-            except SequenceError:
+            except _REFUSED:
                 if fresh:
                     raise
                 # The rules may hold after what others stored meanwhile.
@@ -162,34 +226,44 @@ class ThreadWriter:
                 continue
             if isinstance(judged, list):
                 return judged  # every event was stored already
+            # seen.docs holds the batch's effect now, to commit or roll back.
             trial, window, first = judged
             try:
                 offsets = await self.store.append(
                     thread, inputs, expect=Expected(seen.epoch, seen.after)
                 )
             except AppendConflict:
+                seen.docs.rollback()
                 # What others stored may include these very events (an
                 # append of ours that failed on the way back): look for
                 # their ids too if the rules refuse them now.
                 seen, fresh, retry = await self._caught_up(thread), True, True
                 continue
+            except BaseException:
+                seen.docs.rollback()  # stored or not: the next append conflicts if it was
+                raise
             after = offset_key(seen.after)
             stored = [n for n, offset in enumerate(offsets) if offset_key(offset) > after]
             if len(stored) < len(offsets):
                 # Some ids were stored already (events published again that
                 # passed the rules): the verifier gets what the stream got.
+                seen.docs.rollback()
                 for n in stored:
                     _fold(seen, wires[n])
-            elif trial is None:  # one event, checked without a copy: apply it now
-                seen.verifier.verify(first)
             else:
-                seen.verifier, seen.window = trial, window
+                seen.docs.commit()
+                if trial is None:  # one event, checked without a copy: apply it now
+                    seen.verifier.verify(first)
+                else:
+                    seen.verifier, seen.window = trial, window
             if stored:  # appended now, in order: the newest is the last
                 seen.after = offsets[stored[-1]]
             if seen.epoch is None:
                 # This append created the thread: the next publish reads its
                 # epoch with the stream (the thread may be re-created by then).
-                self._seen.pop(thread, None)
+                self._drop(thread, seen)
+            else:
+                self._account(thread, seen)
             return offsets
         raise StoreUnavailable(
             f"thread {thread!r} kept changing under {_MAX_ATTEMPTS} attempts to append; "
@@ -202,12 +276,14 @@ class ThreadWriter:
         """Judge *wires* after *seen*: what :func:`_try` returns plus the first
         event judged, or the offsets of a batch that is stored already.
 
-        Raises :class:`SequenceError`.
+        Raises :class:`SequenceError`, :class:`PatchError` or
+        :class:`LimitExceeded`. When it returns a judgement, ``seen.docs``
+        holds the batch's effect, to commit once stored or roll back.
         """
         try:
             trial, window = _try(seen, wires, range(len(wires)))
             return trial, window, wires[0]
-        except SequenceError:
+        except _REFUSED:
             # Perhaps a retry of events that are stored already (a catch-up
             # folded them in): those are answered with their offsets, and only
             # the others are judged. Asked only now, to spare a round trip on
@@ -224,15 +300,20 @@ class ThreadWriter:
         return trial, window, judged[0]
 
     def forget(self, thread: str) -> None:
-        """Drop the cached sequence state of *thread* (it is rebuilt from the store)."""
-        self._seen.pop(thread, None)
+        """Drop what the writer knows of *thread* (it is rebuilt from the store)."""
+        seen = self._seen.get(thread)
+        if seen is not None:
+            self._drop(thread, seen)
+
+    def _new_seen(self, thread: str, after: Offset, epoch: str | None) -> _Seen:
+        return _Seen(SequenceVerifier(thread=thread), after, epoch, StateDocuments(self.limits))
 
     async def _caught_up(self, thread: str) -> _Seen:
-        """The thread's sequence state, caught up with what others stored meanwhile."""
+        """What the writer knows of the thread, caught up with what others stored meanwhile."""
         seen = self._seen.get(thread)
         epoch = await self.store.epoch(thread)
         if seen is None or seen.epoch != epoch:
-            seen = _Seen(SequenceVerifier(thread=thread), START, epoch)
+            seen = self._new_seen(thread, START, epoch)
         try:
             entries = await self.store.read(thread, after=seen.after)
         except OffsetExpired:
@@ -248,47 +329,109 @@ class ThreadWriter:
         return seen
 
     def _remember(self, thread: str, seen: _Seen) -> None:
+        old = self._seen.get(thread)
+        if old is not None and old is not seen:
+            self._drop(thread, old)
         self._seen[thread] = seen
         self._seen.move_to_end(thread)
-        while len(self._seen) > self.max_threads:
-            self._seen.popitem(last=False)
+        self._account(thread, seen)
+
+    def _account(self, thread: str, seen: _Seen) -> None:
+        """Count *seen*'s state documents anew, and drop threads while over the bounds."""
+        if self._seen.get(thread) is seen:
+            size = seen.docs.size
+            self._state_bytes += size - seen.cached
+            seen.cached = size
+        while len(self._seen) > self.max_threads or (
+            self._state_bytes > self.max_state_cache_bytes and len(self._seen) > 1
+        ):
+            oldest = next((t for t in self._seen if t != thread), None)
+            if oldest is None:  # the thread at work stays
+                return
+            self._drop(oldest, self._seen[oldest])
+
+    def _drop(self, thread: str, seen: _Seen) -> None:
+        if self._seen.get(thread) is seen:
+            del self._seen[thread]
+            self._state_bytes -= seen.cached
+            seen.cached = 0
+
+    async def _available(
+        self, thread: str, after: Offset
+    ) -> tuple[str | None, Offset | None, list[Entry]]:
+        """(epoch, trim mark, entries after max(*after*, trim mark)), taken together.
+
+        With the store's ``read_available`` in one call. Without it, the trim
+        mark and the entries are read one after the other, and read again
+        when trimming overtook the reading in between.
+        """
+        read_available = getattr(self.store, "read_available", None)
+        if read_available is not None:
+            page = await read_available(thread, after=after)
+            return page.epoch, page.trimmed, list(page.entries)
+        for _attempt in range(_MAX_ATTEMPTS):
+            info = await self.store.info(thread)
+            if info is None:
+                return None, None, []
+            start = after
+            if info.trimmed is not None and offset_key(info.trimmed) > offset_key(after):
+                start = info.trimmed
+            try:
+                entries = await self.store.read(thread, after=start)
+            except OffsetExpired:
+                continue  # trimmed meanwhile
+            return info.epoch, info.trimmed, entries
+        raise StoreUnavailable(
+            f"thread {thread!r} was trimmed faster than it could be read "
+            f"({_MAX_ATTEMPTS} attempts); retry with the same event ids"
+        )
 
     async def _rebuilt(self, thread: str, epoch: str | None) -> _Seen:
-        """The sequence state of a thread whose beginning was trimmed.
+        """What the writer knows of a thread whose beginning was trimmed.
 
         From a checkpoint of the thread's folded state when one reaches the
         stored events (a gateway writes them for the threads it serves): then
-        the state is exact. Otherwise from the stored events alone, assuming
-        that whatever they continue was opened in the trimmed part.
+        it is exact. Otherwise from the stored events alone, assuming that
+        whatever they continue was opened in the trimmed part (and that the
+        state document is unknown until a STATE_SNAPSHOT). The trim mark and
+        the events are read together, so that a producer trimming the thread
+        meanwhile cannot make the read fail.
         """
         checkpoint = await self.store.get_checkpoint(thread)
-        if checkpoint is not None and checkpoint.epoch == epoch and checkpoint.complete:
+        if checkpoint is not None and (checkpoint.epoch != epoch or not checkpoint.complete):
+            checkpoint = None
+        after = checkpoint.offset if checkpoint is not None else START
+        epoch, trimmed, entries = await self._available(thread, after)
+        gap = trimmed is not None and offset_key(trimmed) > offset_key(after)
+        if checkpoint is not None and not gap and checkpoint.epoch == epoch:
+            seen = self._new_seen(thread, checkpoint.offset, epoch)
             try:
-                entries = await self.store.read(thread, after=checkpoint.offset)
-            except OffsetExpired:
-                pass  # the checkpoint is older than what is kept
+                for event in msgpack.unpackb(checkpoint.events, raw=False):
+                    seen.verifier.verify(event)
+                    seen.docs.fold(event)
+            except (ProtocolError, ValueError, TypeError, msgpack.UnpackException):
+                pass  # an unreadable checkpoint: do without it
             else:
-                verifier = SequenceVerifier(thread=thread)
-                try:
-                    for event in msgpack.unpackb(checkpoint.events, raw=False):
-                        verifier.verify(event)
-                except (ProtocolError, ValueError, TypeError, msgpack.UnpackException):
-                    pass  # an unreadable checkpoint: do without it
-                else:
-                    for entry in entries:
-                        with contextlib.suppress(
-                            ProtocolError, ValueError, msgpack.UnpackException
-                        ):
-                            verifier.verify(msgpack.unpackb(entry.data, raw=False))
-                    after = entries[-1].offset if entries else checkpoint.offset
-                    return _Seen(verifier, after, epoch)
-        info = await self.store.info(thread)
-        entries = []
-        if info is not None and info.trimmed is not None:
-            entries = await self.store.read(thread, after=info.trimmed)
-        verifier, window = _lenient(SequenceVerifier(thread=thread), entries)
-        after = entries[-1].offset if entries else (info.trimmed if info else None) or START
-        return _Seen(verifier, after, epoch, window=window)
+                for entry in entries:
+                    with contextlib.suppress(ValueError, msgpack.UnpackException):
+                        _fold(seen, msgpack.unpackb(entry.data, raw=False))
+                if entries:
+                    seen.after = entries[-1].offset
+                return seen
+        if checkpoint is not None and not gap:
+            # What was read continues a checkpoint that cannot be used (unreadable,
+            # or of an epoch gone meanwhile): read what is kept from its start.
+            epoch, trimmed, entries = await self._available(thread, START)
+        seen = self._new_seen(thread, START, epoch)
+        if trimmed is None:  # nothing trimmed (any more): the history is whole
+            for entry in entries:
+                with contextlib.suppress(ValueError, msgpack.UnpackException):
+                    _fold(seen, msgpack.unpackb(entry.data, raw=False))
+        else:
+            seen.docs.known = False
+            seen.verifier, seen.window = _lenient(seen.verifier, seen.docs, entries)
+        seen.after = entries[-1].offset if entries else trimmed or START
+        return seen
 
 
 _ID_KEYS = ("messageId", "toolCallId", "stepName", "subagentRunId")
@@ -298,29 +441,39 @@ def _try(
     seen: _Seen, wires: list[dict[str, Any]], positions: Sequence[int]
 ) -> tuple[SequenceVerifier | None, set[str] | None]:
     """Judge *wires* (at *positions* of the published batch) after what *seen*
-    knows, changing nothing of it.
+    knows, changing nothing of its sequence state.
 
     Returns the verifier and window to keep once they are stored, or
     ``(None, None)`` for a single event that was only checked (apply it to
-    ``seen.verifier`` after the append). Raises :class:`SequenceError` with
-    the offending event's position as its ``index``.
+    ``seen.verifier`` after the append). ``seen.docs`` holds the effect of the
+    events, to commit or roll back. Raises :class:`SequenceError`,
+    :class:`PatchError` or :class:`LimitExceeded` with the offending event's
+    position as its ``index``, and ``seen.docs`` unchanged.
     """
-    if len(wires) == 1 and seen.window is None:
-        try:
-            seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
-        except SequenceError as exc:
-            exc.index = positions[0]
-            raise
-        return None, None
-    trial = seen.verifier.copy()
-    window = None if seen.window is None else set(seen.window)
-    for wire, position in zip(wires, positions, strict=True):
-        try:
-            _verify(trial, wire, window)
-        except SequenceError as exc:
-            exc.index = position
-            raise
-    return trial, window
+    docs = seen.docs
+    docs.begin()
+    try:
+        if len(wires) == 1 and seen.window is None:
+            try:
+                seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
+                docs.apply(wires[0])
+            except ProtocolError as exc:
+                exc.index = positions[0]
+                raise
+            return None, None
+        trial = seen.verifier.copy()
+        window = None if seen.window is None else set(seen.window)
+        for wire, position in zip(wires, positions, strict=True):
+            try:
+                _verify(trial, wire, window)
+                docs.apply(wire)
+            except ProtocolError as exc:
+                exc.index = position
+                raise
+        return trial, window
+    except BaseException:
+        docs.rollback()
+        raise
 
 
 _CONTINUATIONS = {
@@ -361,9 +514,11 @@ def _verify(verifier: SequenceVerifier, event: dict[str, Any], window: set[str] 
 
 
 def _fold(seen: _Seen, event: Any) -> None:
-    """Apply an event that is stored already to *seen*, whatever the rules say of it."""
+    """Apply an event that is stored already to *seen*, whatever the rules say of it
+    (state events that do not apply are skipped, as a gateway's fold skips them)."""
     with contextlib.suppress(ProtocolError, ValueError, TypeError):
         _verify(seen.verifier, event, seen.window)
+    seen.docs.fold(event)
 
 
 def _mentions(event: dict[str, Any]) -> set[str]:
@@ -397,7 +552,7 @@ def _opener(rule: str, event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _lenient(
-    verifier: SequenceVerifier, entries: Sequence[Entry]
+    verifier: SequenceVerifier, docs: StateDocuments, entries: Sequence[Entry]
 ) -> tuple[SequenceVerifier, set[str]]:
     """Replay a stream whose beginning was trimmed: assume what it no longer shows.
 
@@ -416,6 +571,7 @@ def _lenient(
             continue
         if isinstance(event, dict):
             window.update(_mentions(event))
+        docs.fold(event)
         for _ in range(3):  # a content event may need a run and a message
             try:
                 verifier.verify(event)

@@ -18,11 +18,18 @@ from typing import Any, TypeVar, cast
 import msgpack
 import pytest
 
-from agui_hub.errors import InvalidEvent, SequenceError
+from agui_hub.errors import (
+    InvalidEvent,
+    LimitExceeded,
+    OffsetExpired,
+    PatchError,
+    SequenceError,
+    StoreUnavailable,
+)
 from agui_hub.memory_store import MemoryStore
 from agui_hub.offsets import offset_key
 from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import ThreadState
+from agui_hub.reducer import StateLimits, ThreadState, fold
 from agui_hub.store import (
     START,
     Checkpoint,
@@ -634,3 +641,321 @@ async def test_the_writer_keeps_the_state_of_a_bounded_number_of_threads(stores:
     assert len(writer._seen) <= 3
     with pytest.raises(ValueError):
         ThreadWriter(counting, max_threads=0)  # type: ignore[arg-type]
+
+
+# -- state events are judged before they are stored ---------------------------------------------
+
+
+def snapshot(state: Any) -> Event:
+    return {"type": "STATE_SNAPSHOT", "snapshot": state}
+
+
+def delta(*ops: Event) -> Event:
+    return {"type": "STATE_DELTA", "delta": list(ops)}
+
+
+def add(path: str, value: Any) -> Event:
+    return {"op": "add", "path": path, "value": value}
+
+
+def remove(path: str) -> Event:
+    return {"op": "remove", "path": path}
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+async def test_a_state_delta_that_does_not_apply_is_refused_before_storing(
+    stores: Stores,
+) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    await publish(writer, thread, [run_started(thread), snapshot({"count": 1, "items": []})])
+
+    bad = [delta({"op": "replace", "path": "/count", "value": 2}), delta(remove("/missing"))]
+    with pytest.raises(PatchError) as caught:
+        await publish(writer, thread, bad)
+    assert (caught.value.index, caught.value.code) == (1, "patch_error")
+    with pytest.raises(PatchError) as single:  # the one-event path
+        await publish(writer, thread, [bad[1]])
+    assert single.value.index == 0
+    assert len(await stored(store, thread)) == 2
+
+    # Each event of a batch is judged after the ones before it ...
+    await publish(writer, thread, [delta(add("/x", 1)), delta(remove("/x")), bad[0]])
+    with pytest.raises(PatchError) as twice:
+        await publish(
+            writer, thread, [delta(add("/y", 1)), delta(remove("/y")), delta(remove("/y"))]
+        )
+    assert twice.value.index == 2
+    # ... and nothing of a refused batch is kept: /y is not there, /count is 2.
+    await publish(writer, thread, [delta({"op": "test", "path": "/count", "value": 2})])
+    await publish(writer, thread, [delta(add("/y", 2), add("/items/-", "a"))])
+
+    # A fresh writer (another gateway) knows the same state from the stream.
+    other = ThreadWriter(stores.open())
+    with pytest.raises(PatchError):
+        await publish(other, thread, [delta({"op": "test", "path": "/y", "value": 1})])
+    await publish(other, thread, [delta({"op": "test", "path": "/y", "value": 2})])
+    await publish(other, thread, [run_finished(thread)])
+    folded = fold(await stored_events(store, thread))
+    assert folded.rejected == []
+    assert folded.state == {"count": 2, "items": ["a"], "y": 2}
+
+
+async def test_a_state_event_over_the_limits_is_refused_before_storing(stores: Stores) -> None:
+    store = stores.open()
+    thread = new_thread()
+    # The reproduction of issue 10, with the default limits: a 250-deep snapshot.
+    writer = ThreadWriter(store)
+    with pytest.raises(LimitExceeded) as deep:
+        await publish(writer, thread, [run_started(thread), snapshot(nested(250))])
+    assert (deep.value.index, deep.value.limit, deep.value.value) == (1, "max_depth", 64)
+    assert deep.value.code == "limit_exceeded"
+    assert await within(store.epoch(thread)) is None  # nothing stored, not even the thread
+
+    small = ThreadWriter(store, limits=StateLimits(max_depth=8, max_bytes=2000))
+    await publish(small, thread, [run_started(thread), snapshot({"notes": []})])
+    grow = [delta(add("/notes/-", "x" * 1000)), delta(add("/notes/-", "y" * 1000))]
+    with pytest.raises(LimitExceeded) as big:
+        await publish(small, thread, grow)
+    assert (big.value.index, big.value.limit, big.value.value) == (1, "max_bytes", 2000)
+    with pytest.raises(LimitExceeded) as deeper:
+        await publish(small, thread, [delta(add("/deep", nested(8)))])
+    assert (deeper.value.index, deeper.value.limit) == (0, "max_depth")
+    activity = {"type": "ACTIVITY_SNAPSHOT", "messageId": "p", "activityType": "PLAN"}
+    with pytest.raises(LimitExceeded):
+        await publish(small, thread, [{**activity, "content": {"text": "z" * 2000}}])
+    await publish(small, thread, [{**activity, "content": {"steps": []}}])
+    step = {"type": "ACTIVITY_DELTA", "messageId": "p", "activityType": "PLAN",
+            "patch": [add("/steps/-", "s" * 1200)]}  # fmt: skip
+    with pytest.raises(LimitExceeded) as activity_delta:
+        await publish(small, thread, [step, step])
+    assert activity_delta.value.index == 1
+    with pytest.raises(PatchError):
+        await publish(small, thread, [{**step, "patch": [remove("/nothing")]}])
+    assert [e["type"] for e in await stored_events(store, thread)] == [
+        "RUN_STARTED", "STATE_SNAPSHOT", "ACTIVITY_SNAPSHOT",
+    ]  # fmt: skip
+    # The next valid publish goes through.
+    await publish(small, thread, [grow[0], step, run_finished(thread)])
+
+
+async def test_state_deltas_are_judged_after_what_other_writers_stored(stores: Stores) -> None:
+    thread = new_thread()
+    a_store = stores.open()
+    a, b = ThreadWriter(a_store), ThreadWriter(stores.open())
+    await publish(a, thread, [run_started(thread), snapshot({"n": 0})])
+    await publish(b, thread, [snapshot({"m": []})])  # a has not read this
+    # a judges against {"n": 0}, refuses, catches up and accepts against {"m": []}.
+    await publish(a, thread, [delta(add("/m/-", 1))])
+    with pytest.raises(PatchError):
+        await publish(a, thread, [delta({"op": "replace", "path": "/n", "value": 1})])
+    # A plain producer stores a delta that does not apply: it is skipped when
+    # catching up, as a gateway's fold skips it.
+    plain = EventInput.of(delta(remove("/nothing")), "plain")
+    await within(stores.open().append(thread, [plain]))
+    await publish(a, thread, [delta(add("/m/-", 2))])
+    await publish(b, thread, [delta({"op": "test", "path": "/m", "value": [1, 2]})])
+    folded = fold(await stored_events(a_store, thread))
+    assert folded.state == {"m": [1, 2]} and len(folded.rejected) == 1
+
+
+async def test_a_trimmed_thread_is_judged_from_its_checkpoint_or_taken_on_trust(
+    stores: Stores,
+) -> None:
+    retention = Retention(max_len=5)
+    store = stores.open(retention)
+    writer = ThreadWriter(store)
+    push_out = [content("m1", f"d{i}") for i in range(6)]
+    opening = [run_started("x"), snapshot({"count": 0}), start("m1")]
+
+    # Without a checkpoint the state document is unknown: deltas are taken on
+    # trust until the next snapshot, then judged again.
+    unknown = new_thread()
+    await publish(writer, unknown, [{**opening[0], "threadId": unknown}, *opening[1:], *push_out])
+    fresh = ThreadWriter(stores.open(retention))
+    await publish(fresh, unknown, [delta({"op": "replace", "path": "/count", "value": 1})])
+    await publish(fresh, unknown, [delta(remove("/unknown"))])  # on trust
+    await publish(fresh, unknown, [snapshot({"count": 5})])
+    with pytest.raises(PatchError):
+        await publish(fresh, unknown, [delta(remove("/unknown"))])
+
+    # With a checkpoint the writer knows the state exactly.
+    known = new_thread()
+    events = [{**opening[0], "threadId": known}, *opening[1:]]
+    offsets = await publish(writer, known, events)
+    epoch = await within(store.epoch(known))
+    assert epoch is not None
+    checkpoint = Checkpoint(offsets[-1], epoch, msgpack.packb(fold(events).compact()), True)
+    await within(store.put_checkpoint(known, checkpoint))
+    await publish(writer, known, push_out[:4])  # the checkpoint still reaches what is kept
+    assert "STATE_SNAPSHOT" not in [e["type"] for e in await stored_events(store, known)]
+    fresh = ThreadWriter(stores.open(retention))
+    with pytest.raises(PatchError):
+        await publish(fresh, known, [delta(remove("/unknown"))])
+    await publish(fresh, known, [delta({"op": "replace", "path": "/count", "value": 1})])
+
+
+async def test_an_integer_out_of_range_is_an_invalid_event_with_its_index(stores: Stores) -> None:
+    store = stores.open()
+    thread = new_thread()
+    for writer in (ThreadWriter(store), ThreadWriter(store, sequence=SequenceCheck.OFF)):
+        with pytest.raises(InvalidEvent) as caught:
+            await publish(writer, thread, [run_started(thread), snapshot({"n": 2**70})])
+        assert caught.value.index == 1
+        assert "cannot be stored" in str(caught.value)
+    assert await within(store.epoch(thread)) is None
+
+
+async def test_sequence_check_off_does_not_judge_state_events(stores: Stores) -> None:
+    """Documented: a writer that checks no order keeps nothing of the thread, so it
+    stores deltas that do not apply (a gateway's fold skips them)."""
+    store = stores.open()
+    thread = new_thread()
+    relaxed = ThreadWriter(store, sequence=SequenceCheck.OFF)
+    await publish(relaxed, thread, [snapshot({"a": 1}), delta(remove("/missing"))])
+    assert len(await stored(store, thread)) == 2
+    assert relaxed._seen == {}
+
+
+async def test_the_writer_bounds_the_bytes_of_state_it_keeps(stores: Stores) -> None:
+    store = stores.open()
+    writer = ThreadWriter(store, max_state_cache_bytes=50_000)
+    threads = [new_thread() for _ in range(5)]
+    for n, thread in enumerate(threads):
+        await publish(writer, thread, [run_started(thread)])
+        await publish(writer, thread, [snapshot({"blob": "x" * 20_000, "n": n})])
+        await publish(writer, thread, [delta({"op": "replace", "path": "/n", "value": n + 100})])
+        assert writer._state_bytes <= 50_000
+        assert writer._state_bytes == sum(seen.docs.size for seen in writer._seen.values())
+    assert len(writer._seen) == 2  # two documents of ~20 kB fit
+    # A thread dropped for room is read again, and judged as before.
+    with pytest.raises(PatchError):
+        await publish(writer, threads[0], [delta({"op": "test", "path": "/n", "value": 0})])
+    await publish(writer, threads[0], [delta({"op": "test", "path": "/n", "value": 100})])
+    # One thread larger than the bound is kept while it is published to.
+    alone = ThreadWriter(store, max_state_cache_bytes=100)
+    await publish(alone, threads[1], [delta({"op": "replace", "path": "/n", "value": 8})])
+    assert list(alone._seen) == [threads[1]]
+    writer.forget(threads[0])
+    assert writer._state_bytes == sum(seen.docs.size for seen in writer._seen.values())
+    with pytest.raises(ValueError):
+        ThreadWriter(store, max_state_cache_bytes=-1)
+
+
+class YieldingReads:
+    """A real store whose reads take a turn of the event loop first (a round trip).
+
+    Appends do not: with a producer appending at every turn, a read that
+    takes two calls (trim mark, then entries) always straddles an append.
+    """
+
+    def __init__(self, store: ThreadStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+        if name in ("append", "subscribe", "close") or not callable(method):
+            return method
+
+        async def after_a_turn(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0)
+            return await method(*args, **kwargs)
+
+        return after_a_turn
+
+
+@pytest.mark.timeout(30)
+async def test_a_thread_trimmed_flat_out_is_rebuilt_without_offset_expired(
+    stores: Stores,
+) -> None:
+    """Issue 10: with max_len 20 and a producer appending flat out, a fresh writer
+    read the trim mark, then the events after it, and got OffsetExpired in between
+    (50 of 50 publishes through a Publisher).
+
+    Against a producer that appends between any two calls, a writer may still
+    fail to find a moment to append after what it read: it then raises
+    StoreUnavailable ("kept changing"), and the same ids succeed later.
+    """
+    retention = Retention(max_len=20)
+    thread = new_thread()
+    producer = stores.open(retention)
+    await within(producer.append(thread, [EventInput.of(run_started(thread)),
+                                          EventInput.of(start("m1"))]))  # fmt: skip
+    done = asyncio.Event()
+    appended = 0
+
+    async def produce() -> None:
+        nonlocal appended
+        while not done.is_set() and appended < 50_000:
+            await producer.append(thread, [EventInput.of(content("m1", "p"))])
+            appended += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(produce())
+    expired: list[OffsetExpired] = []
+    starved: list[int] = []
+    try:
+        for n in range(30):
+            store = stores.open(retention)
+            reads = cast(ThreadStore, YieldingReads(store)) if stores.kind == "memory" else store
+            writer = ThreadWriter(reads)  # fresh each time, as a new Publisher is
+            try:
+                await publish(writer, thread, [content("m1", f"w{n}")], [f"w{n}"])
+            except OffsetExpired as exc:
+                expired.append(exc)
+            except StoreUnavailable as exc:
+                assert "kept changing" in str(exc)
+                starved.append(n)
+    finally:
+        done.set()
+        await within(task)
+    assert expired == []
+    assert appended > 30
+    if stores.kind == "memory":
+        assert starved == []  # the trim mark and the events are read in one call
+    for n in starved:  # once the producer stops, the same ids go through
+        await publish(ThreadWriter(stores.open(retention)), thread, [content("m1", f"w{n}")],
+                      [f"w{n}"])  # fmt: skip
+
+
+class TrimmingBetweenReads:
+    """A store without ``read_available``: the first ``info()`` is followed, before
+    its caller's next call, by appends that trim past the trim mark it returned."""
+
+    def __init__(self, store: ThreadStore, thread: str) -> None:
+        self.store = store
+        self.thread = thread
+        self.infos = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "read_available":
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    async def info(self, thread: str) -> Any:
+        info = await self.store.info(thread)
+        self.infos += 1
+        if self.infos == 1:
+            more = [EventInput.of(content("m1", "meanwhile")) for _ in range(3)]
+            await self.store.append(self.thread, more)
+        return info
+
+
+async def test_without_read_available_a_trimmed_read_is_retried(stores: Stores) -> None:
+    retention = Retention(max_len=5)
+    thread = new_thread()
+    store = stores.open(retention)
+    events = [run_started(thread), start("m1"), *(content("m1") for _ in range(8))]
+    await within(store.append(thread, [EventInput.of(e) for e in events]))
+    racing = TrimmingBetweenReads(stores.open(retention), thread)
+    writer = ThreadWriter(cast(ThreadStore, racing))
+    await publish(writer, thread, [content("m1", "after the race")])
+    assert racing.infos == 2  # read again after the trim overtook the first read
+    assert (await stored_events(store, thread))[-1] == content("m1", "after the race")
