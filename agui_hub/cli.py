@@ -72,6 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--ping-interval", type=float, help="seconds between keepalive pings")
     serve.add_argument("--idle-timeout", type=float, help="seconds before an idle socket closes")
+    serve.add_argument(
+        "--state-max-bytes",
+        type=int,
+        help="largest folded state document of a thread, in bytes (default 8 MiB)",
+    )
+    serve.add_argument(
+        "--state-max-depth", type=int, help="deepest nesting of a thread's state (default 64)"
+    )
+    serve.add_argument(
+        "--require-durable-store",
+        action="store_true",
+        default=None,
+        help="refuse to start on a Redis whose settings can lose events (docs/store.md)",
+    )
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
 
     publish = commands.add_parser(
@@ -153,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .errors import StoreError
     from .server import Gateway, GatewayConfig
 
     level = args.log_level.upper()
@@ -170,6 +185,9 @@ def _serve(args: argparse.Namespace) -> int:
             send_queue_bytes=args.send_queue_bytes,
             ping_interval=args.ping_interval,
             idle_timeout=args.idle_timeout,
+            state_max_bytes=args.state_max_bytes,
+            state_max_depth=args.state_max_depth,
+            require_durable_store=args.require_durable_store,
         )
         gateway = Gateway(config)
     except ValueError as exc:
@@ -177,6 +195,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(gateway.run())
+    except StoreError as exc:
+        print(f"agui-hub serve: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"agui-hub serve: cannot listen on {config.host}:{config.port}: {exc}",
               file=sys.stderr)  # fmt: skip

@@ -23,6 +23,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -30,11 +31,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from .codec import DEFAULT_MAX_SIZE, Encoding
-from .errors import AguiHubError, ProtocolError, StoreUnavailable
+from .errors import AguiHubError, ProtocolError, StoreError, StoreUnavailable
 from .hub import Hub
 from .protocol import (
     SUBPROTOCOLS,
     CloseCode,
+    Command,
     CommandError,
     Ping,
     Publish,
@@ -48,7 +50,8 @@ from .protocol import (
     published_frame,
     unsubscribed_frame,
 )
-from .store import ThreadStore, open_store
+from .reducer import StateLimits
+from .store import ThreadStore, open_store, redact_url
 
 __all__ = ["Action", "AllowAll", "Authorizer", "Gateway", "GatewayConfig", "Principal"]
 
@@ -57,6 +60,9 @@ log = logging.getLogger("agui_hub.server")
 KIB = 1024
 MIB = 1024 * KIB
 SECONDS = 1.0
+
+STORE_CHECK_TIMEOUT = 2 * SECONDS
+"""How long a store check (start-up, ``/readyz``) waits for an answer."""
 
 
 @dataclass
@@ -68,15 +74,23 @@ class GatewayConfig:
     store: str = ""
     """Store URL; empty: the in-process memory store."""
     max_frame_bytes: int = DEFAULT_MAX_SIZE
-    """Largest client frame; larger ones close the connection with 1009."""
+    """Largest client command; a larger one is answered ``payload_too_large``, and a
+    frame over ``FRAME_LIMIT_FACTOR`` times this closes the connection with 1009."""
     max_subscriptions: int = 1000
     """Threads one connection may subscribe to at once."""
     send_queue_bytes: int = 4 * MIB
-    """A connection whose unsent frames exceed this is closed with 4000 (resume)."""
+    """Unsent bytes per connection: past this, its events come from the store at the
+    pace of its socket instead (see docs/gateway.md, "Slow consumers")."""
     ping_interval: float | None = 20 * SECONDS
     ping_timeout: float | None = 20 * SECONDS
     idle_timeout: float = 300 * SECONDS
     """A connection with no subscription and no command for this long is closed (4001)."""
+    state_max_bytes: int = 8 * MIB
+    """Largest folded state document of a thread (approximate encoded bytes)."""
+    state_max_depth: int = 64
+    """Deepest nesting of a thread's state document."""
+    require_durable_store: bool = False
+    """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> GatewayConfig:
@@ -87,7 +101,7 @@ class GatewayConfig:
             if raw is not None:
                 kind = type(default) if default is not None else float
                 try:
-                    setattr(config, name, kind(raw))
+                    setattr(config, name, _parse_bool(raw) if kind is bool else kind(raw))
                 except ValueError:
                     raise ValueError(
                         f"AGUI_HUB_{name.upper()}={raw!r} is not a {kind.__name__}"
@@ -96,6 +110,15 @@ class GatewayConfig:
             if value is not None:
                 setattr(config, name, value)
         return config
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(raw)
 
 
 # -- authorisation seam ---------------------------------------------------------------
@@ -133,6 +156,14 @@ class AllowAll:
 
 WRITE_BATCH_BYTES = 256 * 1024
 """Most bytes of queued frames a connection writes before it waits for the socket."""
+
+REPLY_QUEUE_FACTOR = 2
+"""A connection whose queue holds this many times its bound when a reply is
+queued is closed as a slow consumer: it sends commands and reads nothing."""
+
+FRAME_LIMIT_FACTOR = 4
+"""The WebSocket frame limit is this many times ``max_frame_bytes``: a command
+between the two is answered ``payload_too_large``, a larger frame closes 1009."""
 
 
 _BATCHED_WRITES = hasattr(ServerConnection, "send_context")
@@ -172,15 +203,29 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
+MAX_COMMANDS_IN_FLIGHT = 32
+"""Commands one connection may have under way at once; its next frame is read
+when one of them is done (the client's own backpressure)."""
+
+
 class Connection:
-    """One client socket, as the hub sees it (a :class:`~agui_hub.hub.Subscriber`)."""
+    """One client socket, as the hub sees it (a :class:`~agui_hub.hub.Subscriber`).
+
+    Commands run concurrently, each in a task of its own, in order per thread:
+    a command about a thread starts when the previous command about the same
+    thread is done, so publishes to one thread are stored in the order sent,
+    and a ``ping`` (or a command about another thread) is never stuck behind
+    a slow publish.
+    """
 
     # Slots, and futures made only while somebody waits: an idle connection
     # is a few hundred bytes here, on top of what websockets keeps for it.
     __slots__ = (
         "_drain",
+        "_lanes",
         "_queue",
         "_queued_bytes",
+        "_tasks",
         "_wake",
         "encoding",
         "gateway",
@@ -205,16 +250,39 @@ class Connection:
         """Pending while the writer waits for frames."""
         self._drain: asyncio.Future[None] | None = None
         """Pending while somebody waits for the queue to fall to half."""
+        self._tasks: set[asyncio.Task[None]] | None = None
+        """Commands under way (made on the first command that awaits)."""
+        self._lanes: dict[str, asyncio.Task[None]] | None = None
+        """Per thread, the last command task about it (the next one waits for it)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether it has a subscription or a command under way (so it is not idle)."""
+        return bool(self.threads or self._tasks)
 
     # Subscriber protocol ------------------------------------------------------------------
 
+    @property
+    def is_open(self) -> bool:
+        return self.state is ConnectionState.OPEN
+
     def send(self, frame: bytes | str) -> bool:
+        """Queue *frame*; ``False`` when the queue is now over its bound.
+
+        The frame is queued either way (a sender that gets ``False`` stops and
+        waits for :meth:`drained`), so the queue holds at most its bound plus
+        one frame. A frame that arrives while the queue is at most half full
+        is always accepted, however large: a snapshot bigger than the bound
+        can still be delivered.
+        """
         if self.state is not ConnectionState.OPEN:
             return True  # going away anyway; not a slow consumer
+        bound = self.gateway.config.send_queue_bytes
+        before = self._queued_bytes
         self._queue.append(frame)
-        self._queued_bytes += len(frame)
+        self._queued_bytes = before + len(frame)
         _resolve(self._wake)
-        return self._queued_bytes <= self.gateway.config.send_queue_bytes
+        return self._queued_bytes <= bound or before <= bound // 2
 
     async def drained(self) -> None:
         half = self.gateway.config.send_queue_bytes // 2
@@ -230,6 +298,7 @@ class Connection:
             self._queue.clear()
             self._queued_bytes = 0
             _resolve(self._drain)
+            _resolve(self._wake)
             task = asyncio.ensure_future(self.ws.close(int(code), reason))
             self.gateway._chores.add(task)
             task.add_done_callback(self.gateway._chores.discard)
@@ -237,6 +306,18 @@ class Connection:
     # I/O ------------------------------------------------------------------------------------
 
     async def write_loop(self) -> None:
+        try:
+            await self._write_all()
+        finally:
+            # However the writer ends (the socket closed, an error), nothing
+            # it queued will be sent: whoever waits for the queue wakes now.
+            if self.state is ConnectionState.OPEN:
+                self.state = ConnectionState.CLOSING
+            self._queue.clear()
+            self._queued_bytes = 0
+            _resolve(self._drain)
+
+    async def _write_all(self) -> None:
         queue = self._queue
         while self.state is ConnectionState.OPEN:
             if not queue:
@@ -265,16 +346,71 @@ class Connection:
                 return
 
     def reply(self, frame: dict[str, Any]) -> None:
-        if not self.send(encode_frame(frame, self.encoding)):
+        self.send(encode_frame(frame, self.encoding))
+        if self._queued_bytes > REPLY_QUEUE_FACTOR * self.gateway.config.send_queue_bytes:
+            # Commands keep coming and the client reads none of the replies.
             self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
 
-    async def handle(self, data: bytes | str) -> None:
-        """Handle one client frame. Errors become error frames; the connection stays."""
+    async def receive(self, data: bytes | str) -> None:
+        """Take one client frame: answer it now, or start its command.
+
+        Returns when the command is started (or answered), not when it is
+        done; waits first while :data:`MAX_COMMANDS_IN_FLIGHT` are under way.
+        """
+        gateway = self.gateway
+        try:
+            command = parse_command(data, self.encoding, max_size=gateway.config.max_frame_bytes)
+        except CommandError as exc:
+            self.reply(error_frame(exc.code, str(exc), exc.command_id))
+            return
+        if isinstance(command, Ping):
+            self.reply(pong_frame(command.id))
+            return
+        if self._tasks is None:
+            self._tasks = set()
+            self._lanes = {}
+        assert self._lanes is not None
+        while len(self._tasks) >= MAX_COMMANDS_IN_FLIGHT:
+            await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+        thread = command.thread
+        before = self._lanes.get(thread)
+        task = asyncio.create_task(self._run(command, before))
+        self._tasks.add(task)
+        self._lanes[thread] = task
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        if self._tasks is not None:
+            self._tasks.discard(task)
+        if self._lanes is not None:
+            for thread, last in list(self._lanes.items()):
+                if last is task:
+                    del self._lanes[thread]
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if isinstance(exc, StoreUnavailable):
+                self.close_soon(CloseCode.TRY_AGAIN_LATER, "store unavailable, resume later")
+            else:
+                log.error("connection %s: command failed", self.principal.remote, exc_info=exc)
+                self.close_soon(CloseCode.INTERNAL_ERROR, "internal error, resume")
+
+    async def _run(self, command: Command, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            # In order per thread; how the one before ended is its own business.
+            await asyncio.wait([before])
+        if self.state is ConnectionState.OPEN:
+            await self.handle(command)
+
+    async def handle(self, command: Command | bytes | str) -> None:
+        """Carry out one command (or client frame). Errors become error frames."""
         gateway = self.gateway
         command_id = None
         thread = None
         try:
-            command = parse_command(data, self.encoding, max_size=gateway.config.max_frame_bytes)
+            if not isinstance(command, Subscribe | Unsubscribe | Publish | Ping):
+                command = parse_command(
+                    command, self.encoding, max_size=gateway.config.max_frame_bytes
+                )
             command_id = command.id
             if isinstance(command, Ping):
                 self.reply(pong_frame(command.id))
@@ -307,7 +443,7 @@ class Connection:
             self.reply(error_frame(exc.code, str(exc), exc.command_id, thread))
         except AguiHubError as exc:
             index = exc.index if isinstance(exc, ProtocolError) else None
-            self.reply(error_frame(exc.code, str(exc), command_id, thread, index))
+            self.reply(error_frame(exc.code, gateway.public(str(exc)), command_id, thread, index))
 
     async def _subscribe(self, command: Subscribe) -> None:
         gateway = self.gateway
@@ -338,6 +474,10 @@ class Connection:
             self.threads.discard(thread)
             gateway.hub.unsubscribe(self, thread)
             raise
+        if self.state is not ConnectionState.OPEN:
+            # Gone while it subscribed: forget() ran before the thread was ours.
+            gateway.hub.unsubscribe(self, thread)
+            self.threads.discard(thread)
 
     def forget(self) -> None:
         self.state = ConnectionState.CLOSED
@@ -346,6 +486,9 @@ class Connection:
         for thread in list(self.threads):
             self.gateway.hub.unsubscribe(self, thread)
         self.threads.clear()
+        if self._tasks:
+            for task in list(self._tasks):
+                task.cancel()
 
 
 # -- the gateway ------------------------------------------------------------------------------
@@ -363,12 +506,59 @@ class Gateway:
     ) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store or None)
-        self.hub = Hub(self.store)
+        self.store_name = (
+            redact_url(config.store)
+            if config.store
+            else (repr(store) if store is not None else "memory://")
+        )
+        self.hub = Hub(
+            self.store,
+            limits=StateLimits(max_depth=config.state_max_depth, max_bytes=config.state_max_bytes),
+        )
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.connections: set[Connection] = set()
         self.server: Server | None = None
         self._chores: set[asyncio.Future[Any]] = set()
         self._draining = False
+        self.store_problem: str | None = None
+        """Why the store is not usable now (``None``: it answered the last check)."""
+        self.store_warnings: list[str] = []
+        """What the store's settings put at risk (see docs/store.md)."""
+        self._store_watch: asyncio.Task[None] | None = None
+
+    def public(self, message: str) -> str:
+        """*message* with the store URL's password taken out, for clients and logs."""
+        if self.config.store and self.config.store != self.store_name:
+            message = message.replace(self.config.store, self.store_name)
+        password = urlsplit(self.config.store).password if self.config.store else None
+        if password:
+            message = message.replace(password, "***")
+        return message
+
+    # The store ---------------------------------------------------------------------------------
+
+    async def check_store(self) -> bool:
+        """Ping the store and read its settings; remember why it is not usable."""
+        try:
+            await asyncio.wait_for(self.store.ping(), STORE_CHECK_TIMEOUT)
+            self.store_warnings = await asyncio.wait_for(
+                self.store.durability_warnings(), STORE_CHECK_TIMEOUT
+            )
+        except (AguiHubError, TimeoutError, OSError) as exc:
+            self.store_problem = self.public(str(exc) or "no answer in time")
+            return False
+        self.store_problem = None
+        return True
+
+    async def _watch_store(self) -> None:
+        """Until the store answers: retry, and say so once it does."""
+        delay = 0.5 * SECONDS
+        while not await self.check_store():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10 * SECONDS)
+        log.info("store %s is available", self.store_name)
+        for warning in self.store_warnings:
+            log.warning("store %s: %s", self.store_name, warning)
 
     # HTTP side -------------------------------------------------------------------------------
 
@@ -379,13 +569,13 @@ class Gateway:
         if path == "/readyz":
             if self._draining:
                 return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "draining\n")
-            try:
-                await asyncio.wait_for(self.store.ping(), 2 * SECONDS)
-            except (AguiHubError, TimeoutError) as exc:
+            if not await self.check_store():
                 return ws.respond(
-                    http.HTTPStatus.SERVICE_UNAVAILABLE, f"store unavailable: {exc}\n"
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    f"store unavailable: {self.store_problem}\n",
                 )
-            return ws.respond(http.HTTPStatus.OK, "ready\n")
+            body = "ready\n" + "".join(f"warning: {w}\n" for w in self.store_warnings)
+            return ws.respond(http.HTTPStatus.OK, body)
         if request.headers.get("Upgrade", "").lower() != "websocket":
             return ws.respond(
                 http.HTTPStatus.NOT_FOUND,
@@ -422,18 +612,18 @@ class Gateway:
         writer = asyncio.create_task(conn.write_loop())
         try:
             while conn.state is ConnectionState.OPEN:
-                timeout = None if conn.threads else self.config.idle_timeout
+                timeout = None if conn.busy else self.config.idle_timeout
                 try:
                     async with asyncio.timeout(timeout):
-                        data = await ws.recv()
+                        data = await ws.recv()  # cancelling recv() loses nothing
                 except TimeoutError:
+                    if conn.busy:
+                        continue  # a command made it busy meanwhile
                     conn.close_soon(CloseCode.IDLE_TIMEOUT, "idle: reconnect when needed")
                     break
-                await conn.handle(data)
+                await conn.receive(data)
         except ConnectionClosed:
             pass
-        except StoreUnavailable:
-            conn.close_soon(CloseCode.TRY_AGAIN_LATER, "store unavailable, resume later")
         except Exception:
             log.exception("connection %s failed", conn.principal.remote)
             conn.close_soon(CloseCode.INTERNAL_ERROR, "internal error, resume")
@@ -447,8 +637,31 @@ class Gateway:
                 await asyncio.wait_for(ws.wait_closed(), 5 * SECONDS)
 
     async def start(self) -> Server:
-        """Start listening. Log where, and on which store."""
+        """Check the store, start listening; log where, on which store, and any risk.
+
+        A store that does not answer yet is not fatal: the gateway serves,
+        ``/readyz`` answers 503 with the reason, and a background check logs
+        when the store is back. Raises :class:`~agui_hub.errors.StoreError`
+        when ``require_durable_store`` is set and the store's settings can
+        lose events.
+        """
         config = self.config
+        if await self.check_store():
+            for warning in self.store_warnings:
+                log.warning("store %s: %s", self.store_name, warning)
+            if config.require_durable_store and self.store_warnings:
+                raise StoreError(
+                    f"store {self.store_name} can lose events ({'; '.join(self.store_warnings)}); "
+                    "fix its settings or start without --require-durable-store"
+                )
+        else:
+            log.warning(
+                "store %s is unavailable (%s): serving anyway; /readyz answers 503 "
+                "until it answers",
+                self.store_name,
+                self.store_problem,
+            )
+            self._store_watch = asyncio.create_task(self._watch_store())
         self.server = await serve(
             self._handler,
             config.host,
@@ -456,20 +669,26 @@ class Gateway:
             subprotocols=list(SUBPROTOCOLS),  # type: ignore[arg-type]
             select_subprotocol=self._select_subprotocol,
             process_request=self._process_request,
-            max_size=config.max_frame_bytes,
+            max_size=FRAME_LIMIT_FACTOR * config.max_frame_bytes,
             ping_interval=config.ping_interval,
             ping_timeout=config.ping_timeout,
             compression=None,
         )
         port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
         self.config.port = port
-        store = config.store or "memory:// (in-process: events are lost when it exits)"
+        store = (
+            self.store_name
+            if config.store
+            else ("memory:// (in-process: events are lost when it exits)")
+        )
         log.info("agui-hub listening on ws://%s:%s, store %s", config.host, port, store)
         return self.server
 
     async def drain(self) -> None:
         """Stop accepting, tell every client to resume elsewhere (1012), close the store."""
         self._draining = True
+        if self._store_watch is not None:
+            self._store_watch.cancel()
         if self.server is not None:
             self.server.close(close_connections=False)
         for conn in list(self.connections):

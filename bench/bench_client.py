@@ -253,6 +253,10 @@ class Keeper:
     def __init__(self) -> None:
         self.closed: tuple[CloseCode, str] | None = None
 
+    @property
+    def is_open(self) -> bool:
+        return self.closed is None
+
     def send(self, frame: bytes | str) -> bool:
         return True
 

@@ -27,6 +27,10 @@ class Viewer:
         self.frames: list[dict[str, Any]] = []
         self.closed: CloseCode | None = None
 
+    @property
+    def is_open(self) -> bool:
+        return self.closed is None
+
     def send(self, frame: bytes | str) -> bool:
         self.frames.append(json.loads(frame))
         return True
@@ -55,6 +59,17 @@ async def publish_all(hub: hub_module.Hub, events: list[dict[str, Any]]) -> None
     for i in range(0, len(events), 100):
         await hub.publish("t", events[i : i + 100])
         await asyncio.sleep(0)  # as between two frames from the network
+
+
+async def settled(hub: hub_module.Hub) -> None:
+    """Wait until every channel relayed all it stored and no member is catching up."""
+    for _ in range(500):
+        heads = [await hub.store.last_offset(t) for t in hub.channels]
+        cursors = [c.cursor for c in hub.channels.values()]
+        if hub.stats()["catching_up"] == 0 and heads == cursors:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("members still catching up")
 
 
 async def test_a_new_process_folds_a_trimmed_thread_from_the_checkpoint() -> None:
@@ -101,7 +116,7 @@ async def test_history_then_live_without_gap_or_duplicate() -> None:
     publishing = asyncio.create_task(publish_all(hub, events[1000:]))
     await hub.subscribe(viewer, "t", 1, StartKind.START, None)
     await publishing
-    await asyncio.sleep(0.05)
+    await settled(hub)
     got = [f["event"] for f in viewer.of_type("event")]
     assert got == events
     offsets = [f["offset"] for f in viewer.of_type("event")]
