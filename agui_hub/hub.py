@@ -542,9 +542,12 @@ class ThreadChannel:
                         # never with a subscription that would wait for it for ever.
                         self._join_with_snapshot(sub, command_id, run, recovered=False)
                         return
-                    self._join_live(
-                        sub, command_id, run, max(start.offset, self.cursor, key=offset_key)
-                    )
+                    if wanted <= offset_key(self.cursor):
+                        # The channel relayed past it while we asked: the events
+                        # in between come from the store (the history join).
+                        continue
+                    # Still ahead, and stored: it has everything up to its offset.
+                    self._join_live(sub, command_id, run, start.offset)
                     return
                 if wanted == offset_key(self.cursor):
                     self._join_live(sub, command_id, run, self.cursor)

@@ -11,9 +11,9 @@ import pytest
 from agui_hub import hub as hub_module
 from agui_hub.codec import Encoding
 from agui_hub.memory_store import MemoryStore
-from agui_hub.protocol import CloseCode, StartKind
+from agui_hub.protocol import CloseCode, Position, StartKind
 from agui_hub.reducer import fold
-from agui_hub.store import Retention
+from agui_hub.store import EventInput, Retention
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -121,4 +121,48 @@ async def test_history_then_live_without_gap_or_duplicate() -> None:
     assert got == events
     offsets = [f["offset"] for f in viewer.of_type("event")]
     assert offsets == [e.offset for e in await store.read("t")]
+    await hub.close()
+
+
+async def test_a_client_ahead_of_the_channel_misses_nothing_the_channel_relays_meanwhile() -> None:
+    # A client resumes here with an offset another gateway showed it, ahead of
+    # this channel's cursor. While the hub asks the store whether that offset
+    # exists, the channel relays past it: the events in between must still
+    # reach the client (they come from the store).
+    class Racing(MemoryStore):
+        racing = False
+
+        async def last_offset(self, thread: str) -> str:
+            head = await super().last_offset(thread)
+            if self.racing:
+                self.racing = False
+                more = [
+                    {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": f"late {i}"}
+                    for i in range(3)
+                ]
+                await hub.publish("t", more)
+                for _ in range(20):
+                    await asyncio.sleep(0)  # the channel relays them before we answer
+            return head
+
+    store = Racing()
+    hub = hub_module.Hub(store)
+    keeper = Viewer()
+    await hub.subscribe(keeper, "t", 1, StartKind.LIVE, None)
+    await publish_all(hub, run_events(5))
+    await settled(hub)
+    channel = hub.channels["t"]
+    # Another gateway saw two more events than this channel relayed so far.
+    ahead = [{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "x"}] * 2
+    stored = await store.append("t", [EventInput.of(e) for e in ahead])
+    # The client has those two; the channel has not relayed them yet.
+    store.racing = True
+    viewer = Viewer()
+    epoch = await store.epoch("t")
+    await hub.subscribe(viewer, "t", 2, Position(stored[-1], epoch), None)
+    await settled(hub)
+    got = [f["offset"] for f in viewer.of_type("event")]
+    after = [e.offset for e in await store.read("t", after=stored[-1])]
+    assert len(after) == 3
+    assert got == after  # the three late events, once each, in order
     await hub.close()
