@@ -151,7 +151,6 @@ async def test_a_client_ahead_of_the_channel_misses_nothing_the_channel_relays_m
     await hub.subscribe(keeper, "t", 1, StartKind.LIVE, None)
     await publish_all(hub, run_events(5))
     await settled(hub)
-    channel = hub.channels["t"]
     # Another gateway saw two more events than this channel relayed so far.
     ahead = [{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "x"}] * 2
     stored = await store.append("t", [EventInput.of(e) for e in ahead])
