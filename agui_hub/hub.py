@@ -73,7 +73,12 @@ __all__ = ["Hub", "Phase", "Subscriber", "ThreadChannel"]
 log = logging.getLogger(__name__)
 
 HISTORY_PAGE = 500
-"""Entries read per store round trip while a member catches up."""
+"""Most entries read per store round trip while a member catches up."""
+HISTORY_PAGE_BYTES = 256 * 1024
+"""About the most bytes of events one such read holds: pages shrink for large
+events, so that many members catching up at once hold a bounded amount each."""
+FIRST_PAGE = 50
+"""Entries of a member's first read, before it knows how large they are."""
 LOAD_PAGE = 5000
 """Entries read per store round trip while a channel folds its thread."""
 CHECKPOINT_EVERY = 1000
@@ -588,7 +593,7 @@ class ThreadChannel:
         self.members[sub] = member
         joined_at = self.cursor
         try:
-            page = await self.hub.store.read_available(self.thread, after=after, limit=HISTORY_PAGE)
+            page = await self.hub.store.read_available(self.thread, after=after, limit=FIRST_PAGE)
         except BaseException:
             if self.members.get(sub) is member:
                 del self.members[sub]
@@ -652,6 +657,7 @@ class ThreadChannel:
     async def _catch_up_loop(self, sub: Subscriber, member: _Member) -> None:
         generation = self.generation
         mismatches = 0
+        limit = FIRST_PAGE
         try:
             while True:
                 member.waiting = True
@@ -662,7 +668,7 @@ class ThreadChannel:
                 if not self._current(sub, member, generation):
                     return
                 page = await self.hub.store.read_available(
-                    self.thread, after=member.last_offset, limit=HISTORY_PAGE
+                    self.thread, after=member.last_offset, limit=limit
                 )
                 if not self._current(sub, member, generation):
                     return
@@ -690,6 +696,9 @@ class ThreadChannel:
                     # client resumes and is told what it can get.
                     self._drop(sub, CloseCode.SLOW_CONSUMER, "history changed, resume")
                     return
+                if page.entries:
+                    size = sum(len(e.data) for e in page.entries) // len(page.entries)
+                    limit = max(1, min(HISTORY_PAGE, HISTORY_PAGE_BYTES // max(1, size)))
                 if not self._replay(sub, member, page.entries):
                     return
         except asyncio.CancelledError:

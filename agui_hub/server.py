@@ -83,6 +83,9 @@ class GatewayConfig:
     pace of its socket instead (see docs/gateway.md, "Slow consumers")."""
     ping_interval: float | None = 20 * SECONDS
     ping_timeout: float | None = 20 * SECONDS
+    write_timeout: float | None = None
+    """Seconds a write to a client may wait for its socket before the connection
+    is dropped (a client that stopped reading); default: ``ping_timeout``, or 20."""
     idle_timeout: float = 300 * SECONDS
     """A connection with no subscription and no command for this long is closed (4001)."""
     state_max_bytes: int = 8 * MIB
@@ -341,8 +344,19 @@ class Connection:
             if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
                 _resolve(self._drain)
             try:
-                await write_messages(self.ws, frames)
+                async with asyncio.timeout(self.gateway.write_timeout):
+                    await write_messages(self.ws, frames)
             except ConnectionClosed:
+                return
+            except TimeoutError:
+                # The client stopped reading: its window is full, so even the
+                # keepalive ping waits for ever. Drop it; it resumes.
+                log.info(
+                    "connection %s: no write progress in %.1f s, dropped",
+                    self.principal.remote,
+                    self.gateway.write_timeout,
+                )
+                self.ws.transport.abort()
                 return
 
     def reply(self, frame: dict[str, Any]) -> None:
@@ -525,6 +539,7 @@ class Gateway:
         self.store_warnings: list[str] = []
         """What the store's settings put at risk (see docs/store.md)."""
         self._store_watch: asyncio.Task[None] | None = None
+        self.write_timeout: float = config.write_timeout or config.ping_timeout or 20 * SECONDS
 
     def public(self, message: str) -> str:
         """*message* with the store URL's password taken out, for clients and logs."""
