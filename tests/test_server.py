@@ -25,6 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agui_hub import server
+from agui_hub.errors import StoreError
 from agui_hub.memory_store import MemoryStore
 from agui_hub.redis_store import RedisStore
 from agui_hub.reducer import fold
@@ -1130,6 +1131,28 @@ async def test_readyz_reports_redis_down(own_redis: RedisServer) -> None:
             raise AssertionError("not ready again after Redis came back")
     finally:
         await h.close()
+
+
+async def test_store_durability_warnings_in_readyz_and_the_durable_flag(
+    own_redis: RedisServer,
+) -> None:
+    # The test Redis persists nothing (appendonly no, save ""): warned, served.
+    h = Harness(lambda retention=None: RedisStore(own_redis.url, prefix="durable"))
+    try:
+        gateway = await h.gateway()
+        status, body = await http_get(gateway.config.port, "/readyz")
+        assert status == 200
+        assert body.startswith("ready\n") and "warning: " in body and "appendonly" in body
+    finally:
+        await h.close()
+    # Refused with --require-durable-store, until the settings are fixed.
+    strict = Gateway(
+        GatewayConfig(port=0, require_durable_store=True),
+        store=RedisStore(own_redis.url, prefix="durable"),
+    )
+    with pytest.raises(StoreError, match="appendonly"):
+        await strict.start()
+    await strict.store.close()
 
 
 # -- 8. slow consumers --------------------------------------------------------------------
