@@ -48,11 +48,12 @@ import msgpack
 
 from .codec import Encoding, encode_msgpack
 from .errors import (
-    AguiHubError,
     OffsetExpired,
     StoreUnavailable,
     SubscriptionLagged,
+    ThreadReset,
 )
+from .events import check_json_value
 from .offsets import START, Offset, offset_key
 from .protocol import (
     CloseCode,
@@ -113,6 +114,10 @@ class Subscriber(Protocol):
         """Wait until the send queue is at most half full, or the connection is gone."""
         ...
 
+    def has_room(self) -> bool:
+        """Whether the send queue is within its bound now."""
+        ...
+
     def close_soon(self, code: CloseCode, reason: str) -> None:
         """Close the connection with *code* (does not wait)."""
         ...
@@ -166,6 +171,10 @@ class ThreadChannel:
         self._checkpointing: asyncio.Future[None] | None = None
         self._checkpoint_due = False
         self._skipped = 0
+        self._snapshots: dict[Encoding, bytes | str] = {}
+        self._snapshots_at: tuple[Any, ...] | None = None
+        self.entry_size = 1024
+        """A running average of the thread's entry size (sizes history pages)."""
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -249,6 +258,7 @@ class ThreadChannel:
                 if page.gap:
                     complete = False  # trimmed before it could be folded
                 for entry in page.entries:
+                    self.entry_size += (len(entry.data) - self.entry_size) // 16
                     if not self._fold_into(state, entry):
                         complete = False
                     folded += 1
@@ -310,8 +320,10 @@ class ThreadChannel:
         while True:
             try:
                 await self.hub.store.put_checkpoint(self.thread, checkpoint)
-            except AguiHubError as exc:
-                log.warning("thread %s: checkpoint not stored: %s", self.thread, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a lost checkpoint is only a lost shortcut
+                log.warning("thread %s: checkpoint not stored: %r", self.thread, exc)
             if not self._checkpoint_due or self.closed:
                 return
             self._checkpoint_due = False
@@ -360,6 +372,8 @@ class ThreadChannel:
                 except BaseException:
                     await self._feed.close()
                     raise
+                if self._feed.epoch != self.epoch:
+                    await self._reset()  # re-created meanwhile: not the same offsets
             except OffsetExpired:
                 # Trimmed under us, or the thread was re-created: start over and
                 # tell every subscriber to resync.
@@ -376,12 +390,15 @@ class ThreadChannel:
             self._stop_catching_up(member)
             member.phase = Phase.LIVE
             self._set_last(member, self.cursor)
-            frame = subscribed_frame(None, self.thread, self.epoch, self.cursor, False)
-            if self._send(sub, frame):
-                self._send(sub, self._snapshot_frame())
+            # Both, whatever the queue says: a resync without its snapshot would
+            # leave the client with the old epoch's state.
+            self._send(sub, subscribed_frame(None, self.thread, self.epoch, self.cursor, False))
+            sub.send(self._snapshot_bytes(sub.encoding))
 
     async def close(self) -> None:
         self.closed = True
+        if self._checkpointing is not None and not self._checkpointing.done():
+            self._checkpoint_due = False  # the one in flight finishes; no more
         for member in self.members.values():
             self._stop_catching_up(member, cancel=True)
         if self._task is not None and self._task is not asyncio.current_task():
@@ -426,6 +443,11 @@ class ThreadChannel:
             if event is None:
                 return False
         try:
+            for value in event.values():
+                if type(value) in (dict, list, bytes, float):
+                    # Binary values (a plain-XADD producer's msgpack) would make
+                    # every JSON snapshot unencodable: not folded.
+                    check_json_value(value)
             state.apply(event)
         except Exception as exc:  # one entry never ends a channel
             # A stored event the reducer cannot apply (a plain-XADD producer's
@@ -454,6 +476,7 @@ class ThreadChannel:
         elif not self._fold_into(self.state, entry, event):
             self.complete = False
         self.cursor = entry.offset
+        self.entry_size += (len(entry.data) - self.entry_size) // 16
         self._maybe_checkpoint()
         key = offset_key(entry.offset)
         for sub, member in list(self.members.items()):
@@ -485,10 +508,25 @@ class ThreadChannel:
         """Send a frame of our own; ``False`` when the queue is full now."""
         return sub.send(encode_frame(frame, sub.encoding))
 
-    def _snapshot_frame(self) -> dict[str, Any]:
-        return snapshot_frame(
-            self.thread, self.cursor, self.epoch, self.state.compact(), self.complete
-        )
+    def _snapshot_bytes(self, encoding: Encoding) -> bytes | str:
+        """The snapshot frame at the cursor, built once per encoding and shared.
+
+        Many members may need it at once (a reset, a resume storm): they get
+        the same bytes, not a copy each.
+        """
+        key = (self.generation, self.cursor, self.complete, self.epoch)
+        if self._snapshots_at != key:
+            self._snapshots_at, self._snapshots = key, {}
+        frame = self._snapshots.get(encoding)
+        if frame is None:
+            frame = encode_frame(
+                snapshot_frame(
+                    self.thread, self.cursor, self.epoch, self.state.compact(), self.complete
+                ),
+                encoding,
+            )
+            self._snapshots[encoding] = frame
+        return frame
 
     def _drop(self, sub: Subscriber, code: CloseCode, reason: str) -> None:
         member = self.members.pop(sub, None)
@@ -583,7 +621,7 @@ class ThreadChannel:
         )
         # Always queued, however large: a queue takes one frame past its bound
         # when it was at most half full (see Connection.send).
-        self._send(sub, self._snapshot_frame())
+        sub.send(self._snapshot_bytes(sub.encoding))
 
     async def _join_with_history(
         self, sub: Subscriber, command_id: Any, run: str | None, after: Offset, generation: int
@@ -593,7 +631,9 @@ class ThreadChannel:
         self.members[sub] = member
         joined_at = self.cursor
         try:
-            page = await self.hub.store.read_available(self.thread, after=after, limit=FIRST_PAGE)
+            page = await self.hub.store.read_available(
+                self.thread, after=after, limit=self._page_limit(FIRST_PAGE)
+            )
         except BaseException:
             if self.members.get(sub) is member:
                 del self.members[sub]
@@ -604,9 +644,11 @@ class ThreadChannel:
             del self.members[sub]  # reset while we read: the history read may be stale
             return False
         if self.epoch is not None and page.epoch != self.epoch:
-            # Re-created, and the channel has not seen it yet: its reset is
-            # coming; join again after it rather than reply for a dead epoch.
+            # Re-created (or expired) and the channel has not seen it yet:
+            # make it reload, and join again after that rather than reply for
+            # a dead epoch.
             del self.members[sub]
+            self._request_reset(page.epoch)
             await asyncio.sleep(RESET_WAIT)
             return False
         if page.gap:
@@ -625,6 +667,8 @@ class ThreadChannel:
     def _replay(self, sub: Subscriber, member: _Member, page: Sequence[Entry]) -> bool:
         """Send *page* up to the cursor; ``True`` if *member* must read more (it is not live)."""
         limit = offset_key(self.cursor)
+        if not sub.has_room():
+            return True  # others filled the queue meanwhile: wait for it first
         for entry in page:
             key = offset_key(entry.offset)
             if key > limit:
@@ -638,6 +682,20 @@ class ThreadChannel:
             member.phase = Phase.LIVE  # no await since the check: no gap, no repeat
             return False
         return True
+
+    def _page_limit(self, most: int) -> int:
+        """Entries per history read: at most *most*, and about HISTORY_PAGE_BYTES."""
+        return max(1, min(most, HISTORY_PAGE_BYTES // max(1, self.entry_size)))
+
+    def _request_reset(self, epoch: str | None) -> None:
+        """Make the pump reload: the store has another epoch than this channel.
+
+        A thread that expired, or was evicted, announces nothing: whoever
+        reads another epoch first tells the channel.
+        """
+        feed = self._feed
+        if feed is not None and not self.closed:
+            feed._fail(ThreadReset(self.thread, self.epoch, epoch))
 
     def _catch_up(self, sub: Subscriber, member: _Member) -> None:
         """Start the background task that brings *member* up to the cursor."""
@@ -657,7 +715,7 @@ class ThreadChannel:
     async def _catch_up_loop(self, sub: Subscriber, member: _Member) -> None:
         generation = self.generation
         mismatches = 0
-        limit = FIRST_PAGE
+        limit = self._page_limit(FIRST_PAGE)
         try:
             while True:
                 member.waiting = True
@@ -673,8 +731,9 @@ class ThreadChannel:
                 if not self._current(sub, member, generation):
                     return
                 if page.epoch != self.epoch:
-                    # Re-created, and the channel has not seen it yet: its reset
-                    # resyncs this member (subscribed, snapshot). Wait for it.
+                    # Re-created (or expired), and the channel has not seen it
+                    # yet: its reset resyncs this member (subscribed, snapshot).
+                    self._request_reset(page.epoch)
                     mismatches += 1
                     if mismatches > RESET_WAITS:
                         self._drop(sub, CloseCode.SLOW_CONSUMER, "thread reset, resume")
@@ -733,6 +792,11 @@ class ThreadChannel:
             self.hub._forget(self)
 
 
+def _log_close_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("closing a channel failed: %r", task.exception())
+
+
 class Hub:
     """All live threads of this process, over one store.
 
@@ -789,7 +853,7 @@ class Hub:
         task = asyncio.ensure_future(channel.close())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task.add_done_callback(_log_close_failure)
 
     async def publish(
         self, thread: str, events: Sequence[Any], event_ids: Sequence[str] | None = None

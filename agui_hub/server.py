@@ -161,8 +161,8 @@ WRITE_BATCH_BYTES = 256 * 1024
 """Most bytes of queued frames a connection writes before it waits for the socket."""
 
 REPLY_QUEUE_FACTOR = 2
-"""A connection whose queue holds this many times its bound when a reply is
-queued is closed as a slow consumer: it sends commands and reads nothing."""
+"""A connection whose queue would hold more than this many times its bound is
+closed as a slow consumer (4000): it keeps asking for frames it does not read."""
 
 FRAME_LIMIT_FACTOR = 4
 """The WebSocket frame limit is this many times ``max_frame_bytes``: a command
@@ -230,6 +230,7 @@ class Connection:
         "_queued_bytes",
         "_tasks",
         "_wake",
+        "_watchdog",
         "encoding",
         "gateway",
         "principal",
@@ -251,6 +252,8 @@ class Connection:
         self._queued_bytes = 0
         self._wake: asyncio.Future[None] | None = None
         """Pending while the writer waits for frames."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        """While a write waits for the socket: the check that it makes progress."""
         self._drain: asyncio.Future[None] | None = None
         """Pending while somebody waits for the queue to fall to half."""
         self._tasks: set[asyncio.Task[None]] | None = None
@@ -285,7 +288,16 @@ class Connection:
         self._queue.append(frame)
         self._queued_bytes = before + len(frame)
         _resolve(self._wake)
-        return self._queued_bytes <= bound or before <= bound // 2
+        if self._queued_bytes <= bound or before <= bound // 2:
+            return True
+        if self._queued_bytes > REPLY_QUEUE_FACTOR * bound:
+            # Whatever keeps queueing (commands whose replies it does not
+            # read, subscribes and their snapshots), the queue stays bounded.
+            self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
+        return False
+
+    def has_room(self) -> bool:
+        return self._queued_bytes <= self.gateway.config.send_queue_bytes
 
     async def drained(self) -> None:
         half = self.gateway.config.send_queue_bytes // 2
@@ -311,6 +323,11 @@ class Connection:
     async def write_loop(self) -> None:
         try:
             await self._write_all()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("connection %s: writer failed", self.principal.remote)
+            self.ws.transport.abort()  # the reader sees the close and cleans up
         finally:
             # However the writer ends (the socket closed, an error), nothing
             # it queued will be sent: whoever waits for the queue wakes now.
@@ -343,27 +360,40 @@ class Connection:
             self._queued_bytes -= size
             if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
                 _resolve(self._drain)
+            # A watchdog, not a deadline: a large snapshot may take long to a
+            # slow reader, but a socket that takes nothing is dropped.
+            loop = asyncio.get_running_loop()
+            self._watchdog = loop.call_later(self.gateway.write_timeout, self._watch, -1)
             try:
-                async with asyncio.timeout(self.gateway.write_timeout):
-                    await write_messages(self.ws, frames)
+                await write_messages(self.ws, frames)
             except ConnectionClosed:
                 return
-            except TimeoutError:
-                # The client stopped reading: its window is full, so even the
-                # keepalive ping waits for ever. Drop it; it resumes.
-                log.info(
-                    "connection %s: no write progress in %.1f s, dropped",
-                    self.principal.remote,
-                    self.gateway.write_timeout,
-                )
-                self.ws.transport.abort()
-                return
+            finally:
+                if self._watchdog is not None:
+                    self._watchdog.cancel()
+                    self._watchdog = None
+
+    def _watch(self, last: int) -> None:
+        """Drop the connection if nothing left its write buffer since the last look."""
+        transport = self.ws.transport
+        size = transport.get_write_buffer_size()
+        if last >= 0 and size > 0 and size >= last:
+            # The client stopped reading: its window is full, and even the
+            # keepalive ping waits behind it for ever. Drop it; it resumes.
+            log.info(
+                "connection %s: no write progress in %.1f s, dropped",
+                self.principal.remote,
+                self.gateway.write_timeout,
+            )
+            self._watchdog = None
+            transport.abort()
+            return
+        self._watchdog = asyncio.get_running_loop().call_later(
+            self.gateway.write_timeout, self._watch, size
+        )
 
     def reply(self, frame: dict[str, Any]) -> None:
         self.send(encode_frame(frame, self.encoding))
-        if self._queued_bytes > REPLY_QUEUE_FACTOR * self.gateway.config.send_queue_bytes:
-            # Commands keep coming and the client reads none of the replies.
-            self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
 
     async def receive(self, data: bytes | str) -> None:
         """Take one client frame: answer it now, or start its command.
@@ -467,19 +497,16 @@ class Connection:
             gateway.hub.unsubscribe(self, thread)
             self.threads.discard(thread)
         if len(self.threads) >= gateway.config.max_subscriptions:
-            self.reply(
-                error_frame(
-                    "too_many_subscriptions",
-                    f"at most {gateway.config.max_subscriptions} subscriptions per connection",
-                    command.id,
-                    thread,
-                )
-            )
+            self.reply(self._too_many(command.id, thread))
             return
         if not await gateway.authorizer.authorize(self.principal, Action.SUBSCRIBE, thread):
             self.reply(
                 error_frame("forbidden", "subscribing here is not allowed", command.id, thread)
             )
+            return
+        if len(self.threads) >= gateway.config.max_subscriptions:
+            # Others subscribed while the policy decided: the limit still holds.
+            self.reply(self._too_many(command.id, thread))
             return
         self.threads.add(thread)
         try:
@@ -492,6 +519,15 @@ class Connection:
             # Gone while it subscribed: forget() ran before the thread was ours.
             gateway.hub.unsubscribe(self, thread)
             self.threads.discard(thread)
+
+    def _too_many(self, command_id: Any, thread: str) -> dict[str, Any]:
+        limit = self.gateway.config.max_subscriptions
+        return error_frame(
+            "too_many_subscriptions",
+            f"at most {limit} subscriptions per connection",
+            command_id,
+            thread,
+        )
 
     def forget(self) -> None:
         self.state = ConnectionState.CLOSED

@@ -263,6 +263,9 @@ class Keeper:
     async def drained(self) -> None:
         return None
 
+    def has_room(self) -> bool:
+        return True
+
     def close_soon(self, code: CloseCode, reason: str) -> None:
         self.closed = (code, reason)
 

@@ -38,6 +38,9 @@ class Viewer:
     async def drained(self) -> None:
         return None
 
+    def has_room(self) -> bool:
+        return True
+
     def close_soon(self, code: CloseCode, reason: str) -> None:
         self.closed = code
 
@@ -164,4 +167,74 @@ async def test_a_client_ahead_of_the_channel_misses_nothing_the_channel_relays_m
     after = [e.offset for e in await store.read("t", after=stored[-1])]
     assert len(after) == 3
     assert got == after  # the three late events, once each, in order
+    await hub.close()
+
+
+class Full(Viewer):
+    """A viewer whose queue is over its bound: every send says so."""
+
+    def send(self, frame: bytes | str) -> bool:
+        super().send(frame)
+        return False
+
+    def has_room(self) -> bool:
+        return False
+
+
+async def test_a_reset_sends_the_snapshot_even_to_a_full_queue() -> None:
+    store = MemoryStore()
+    hub = hub_module.Hub(store)
+    await publish_all(hub, run_events(3))
+    viewer = Full()
+    await hub.subscribe(viewer, "t", 1, StartKind.SNAPSHOT, None)
+    await settled(hub)
+    await store.delete("t")
+    await hub.publish("t", [{"type": "RUN_STARTED", "threadId": "t", "runId": "r2"}])
+    for _ in range(200):
+        if len(viewer.of_type("snapshot")) == 2:
+            break
+        await asyncio.sleep(0.01)
+    kinds = [f["type"] for f in viewer.frames]
+    resync = len(kinds) - 1 - kinds[::-1].index("subscribed")
+    assert viewer.frames[resync]["recovered"] is False
+    assert kinds[resync + 1] == "snapshot"  # never a resync without its snapshot
+    await hub.close()
+
+
+async def test_an_expired_thread_is_noticed_by_the_next_join() -> None:
+    # Expiry announces nothing: the join that reads another epoch makes the
+    # channel reload instead of waiting for a reset that never comes.
+    now = [1000.0]
+    store = MemoryStore(retention=Retention(ttl=60), clock=lambda: now[0])
+    hub = hub_module.Hub(store)
+    await publish_all(hub, run_events(3))
+    keeper = Viewer()
+    await hub.subscribe(keeper, "t", 1, StartKind.LIVE, None)
+    old_epoch = hub.channels["t"].epoch
+    now[0] += 120  # expired
+    late = Viewer()
+    await asyncio.wait_for(hub.subscribe(late, "t", 2, StartKind.START, None), 5)
+    (reply,) = late.of_type("subscribed")
+    assert (reply["epoch"], reply["offset"], reply["recovered"]) == (None, "0-0", True)
+    resync = keeper.of_type("subscribed")[-1]
+    assert resync["recovered"] is False and resync["epoch"] != old_epoch
+    await hub.close()
+
+
+async def test_binary_values_are_relayed_but_not_folded() -> None:
+    store = MemoryStore()
+    hub = hub_module.Hub(store)
+    await publish_all(hub, run_events(2))
+    keeper = Viewer()
+    await hub.subscribe(keeper, "t", 1, StartKind.LIVE, None)
+    # A plain-XADD producer's event with a msgpack binary value.
+    await store.append("t", [EventInput.of({"type": "STATE_SNAPSHOT", "snapshot": {"a": b"x"}})])
+    await hub.publish("t", [{"type": "STATE_SNAPSHOT", "snapshot": {"b": 1}}])
+    await settled(hub)
+    late = Viewer()  # JSON: the snapshot must still encode
+    await hub.subscribe(late, "t", 2, StartKind.SNAPSHOT, None)
+    (snapshot,) = late.of_type("snapshot")
+    assert snapshot["complete"] is False
+    assert fold(snapshot["events"]).state == {"b": 1}
+    assert keeper.closed is None and len(keeper.of_type("event")) == 1  # JSON skips the bytes
     await hub.close()

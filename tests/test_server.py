@@ -1222,6 +1222,43 @@ async def test_slow_consumer_catches_up_from_the_store_without_loss(harness: Har
     assert slow.ws.close_code is None
 
 
+async def test_subscribes_whose_snapshots_are_not_read_keep_the_queue_bounded(
+    mem: Harness,
+) -> None:
+    # Each subscribe from "snapshot" queues a ~200 KB snapshot; a client that
+    # sends hundreds of them and reads nothing is closed (4000), never holds
+    # more than twice its queue bound (plus the frame that crossed it).
+    bound = 256 * 1024
+    gateway = await mem.gateway(send_queue_bytes=bound)
+    publisher = await mem.client(gateway)
+    await publisher.publish(
+        "big",
+        [
+            {"type": "RUN_STARTED", "threadId": "big", "runId": "r"},
+            {"type": "STATE_SNAPSHOT", "snapshot": {"x": "y" * 200_000}},
+        ],
+    )
+    greedy = await mem.client(gateway, MSGPACK)
+    (conn,) = [c for c in gateway.connections if c.encoding.value == "msgpack"]
+    most = 0
+    for i in range(300):
+        with contextlib.suppress(ConnectionClosed):
+            await greedy.send({"type": "subscribe", "id": i, "thread": "big", "from": "snapshot"})
+        most = max(most, conn._queued_bytes)
+        if conn.state is not ConnectionState.OPEN:
+            break
+        await asyncio.sleep(0)
+    assert conn.state is not ConnectionState.OPEN
+    assert most <= 2 * bound + 210_000
+    # Whatever was already on its way drains to the client, then the close.
+    assert await greedy.closed_code(timeout=3 * WAIT) == 4000
+    deadline = time.monotonic() + WAIT
+    while conn in gateway.connections and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert conn not in gateway.connections
+    await publisher.ping()  # the others carry on
+
+
 async def test_replaying_history_larger_than_the_send_queue(harness: Harness) -> None:
     gateway = await harness.gateway(send_queue_bytes=256 * 1024)
     thread = "big-history"
