@@ -52,18 +52,29 @@ def http_status(port: int, path: str, timeout: float = 0.5) -> int | None:
 class GatewayProcess:
     """One ``agui-hub serve`` process on 127.0.0.1:*port*, its output in *log_path*."""
 
-    def __init__(self, log_path: Path, port: int, store: str | None) -> None:
+    def __init__(
+        self,
+        log_path: Path,
+        port: int,
+        store: str | None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """*args*: more ``serve`` flags; *env*: more environment variables."""
         self.port = port
         self.store = store
         self.log_path = log_path
-        args = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port)]
+        argv = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port)]
         if store is not None:
-            args += ["--store", store]
+            argv += ["--store", store]
+        argv += args or []
+        environment = child_env()
+        environment.update(env or {})
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                args,
+                argv,
                 cwd=ROOT,
-                env=child_env(),
+                env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -117,6 +128,8 @@ def start_gateway(
     store: str | None,
     port: int | None = None,
     *,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
     ready_path: str = "/healthz",
     started: list[GatewayProcess] | None = None,
 ) -> GatewayProcess:
@@ -131,7 +144,7 @@ def start_gateway(
     for _attempt in range(1 if port else 3):
         chosen = port or free_port()
         log_path = workdir / f"gateway-{chosen}-{uuid.uuid4().hex[:8]}.log"
-        gateway = GatewayProcess(log_path, chosen, store)
+        gateway = GatewayProcess(log_path, chosen, store, args, env)
         if started is not None:
             started.append(gateway)
         if gateway.wait_healthy(path=ready_path):

@@ -291,3 +291,13 @@ def valid_streams(draw: st.DrawFn, max_actions: int = 60) -> list[Event]:
     for action in ["run_start", *actions]:
         _step(draw, builder, action)
     return builder.events
+
+
+async def collect(feed: Any, count: int) -> list[Any]:
+    """The first *count* entries of a live feed."""
+    got = []
+    async for entry in feed:
+        got.append(entry)
+        if len(got) == count:
+            break
+    return got

@@ -42,6 +42,7 @@ from agui_hub.redis_store import RedisStore, notify_channel, stream_key
 from agui_hub.reducer import fold
 from agui_hub.store import Checkpoint, EventInput, FeedSubscription, Retention, ThreadStore
 
+from . import test_server
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .runs import new_thread
 from .test_server import JSON, MSGPACK, WAIT, Client, Harness, events_of, memory_store, url
@@ -55,40 +56,10 @@ Event = dict[str, Any]
 Frame = dict[str, Any]
 
 
-# -- fixtures (as in tests/test_server.py) -------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store_factory(request: pytest.FixtureRequest) -> Callable[..., ThreadStore]:
-    """Makes the store a gateway runs on: memory, or Redis under a prefix of this test."""
-    if request.param == "memory":
-        return memory_store
-    server: RedisServer = request.getfixturevalue("redis_server")
-    prefix = f"test-faults-{uuid.uuid4().hex}"
-
-    def redis_store(retention: Retention | None = None) -> ThreadStore:
-        return RedisStore(server.url, prefix=prefix, retention=retention)
-
-    return redis_store
-
-
-@pytest.fixture
-async def harness(store_factory: Callable[..., ThreadStore]) -> AsyncIterator[Harness]:
-    h = Harness(store_factory)
-    try:
-        yield h
-    finally:
-        await h.close()
-
-
-@pytest.fixture
-async def mem() -> AsyncIterator[Harness]:
-    """A harness on the memory store only."""
-    h = Harness(memory_store)
-    try:
-        yield h
-    finally:
-        await h.close()
+# The fixtures of tests/test_server.py (harness: memory and Redis; mem: memory).
+harness = test_server.harness
+mem = test_server.mem
+store_factory = test_server.store_factory
 
 
 # -- events -------------------------------------------------------------------------------

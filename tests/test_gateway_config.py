@@ -38,9 +38,8 @@ from agui_hub.redis_store import RedisStore
 from agui_hub.store import ThreadStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
-from .processes import CLI, ROOT, GatewayProcess, child_env
+from .processes import CLI, ROOT, GatewayProcess, child_env, start_gateway
 from .runs import new_thread, run_started
-from .test_gateway_leaks import ServeProcess
 from .test_server import JSON, MSGPACK, WAIT, Client, Harness, events_of, http_get
 
 SECRET = "s3cr3t"
@@ -138,10 +137,10 @@ async def test_store_url_password_never_shows(
     redis = PasswordRedis(tmp_path / "redis", SECRET)
     clients: list[Client] = []
     try:
-        good = ServeProcess.start(
+        good = start_gateway(
             tmp_path, f"redis://default:{SECRET}@127.0.0.1:{redis.port}/0", started=gateways
         )
-        bad = ServeProcess.start(
+        bad = start_gateway(
             tmp_path, f"redis://:{WRONG}@127.0.0.1:{redis.port}/0", started=gateways
         )
         status, body = await http_get(good.port, "/readyz")
@@ -261,7 +260,7 @@ async def test_serve_with_redis_down_warns_and_becomes_ready(
 ) -> None:
     server = RedisServer(tmp_path / "redis")  # its port is chosen, nothing listens yet
     try:
-        gateway = ServeProcess.start(tmp_path, f"{server.url}?prefix=down", started=gateways)
+        gateway = start_gateway(tmp_path, f"{server.url}?prefix=down", started=gateways)
         deadline = time.monotonic() + 10 * TIMEOUT_SCALE
         while not readiness_lines(gateway.log()) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
@@ -292,7 +291,7 @@ async def test_bad_db_index_is_reported(
     own_redis: RedisServer, tmp_path: Path, gateways: list[GatewayProcess]
 ) -> None:
     store = f"redis://127.0.0.1:{own_redis.port}/99"
-    gateway = ServeProcess.start(tmp_path, store, started=gateways)
+    gateway = start_gateway(tmp_path, store, started=gateways)
     deadline = time.monotonic() + 10 * TIMEOUT_SCALE
     while time.monotonic() < deadline:
         if [line for line in readiness_lines(gateway.log()) if re.search(r"99|index", line, re.I)]:

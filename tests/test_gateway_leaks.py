@@ -36,7 +36,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import time
 import uuid
 from collections import deque
@@ -55,8 +54,8 @@ from agui_hub.redis_store import RedisStore, notify_channel
 from agui_hub.server import Gateway
 from agui_hub.store import EventInput, ThreadStore, open_store
 
-from .conftest import TIMEOUT_SCALE, RedisServer, free_port
-from .processes import CLI, ROOT, GatewayProcess, child_env
+from .conftest import TIMEOUT_SCALE, RedisServer
+from .processes import GatewayProcess, start_gateway
 from .runs import new_thread
 from .test_server import JSON, MSGPACK, WAIT, Client, Harness, events_of, http_get
 
@@ -415,61 +414,6 @@ class RawClient:
 
 
 # -- gateway processes --------------------------------------------------------------------------
-
-
-class ServeProcess(GatewayProcess):
-    """``agui-hub serve`` with extra flags and environment (GatewayProcess takes neither)."""
-
-    def __init__(
-        self,
-        log_path: Path,
-        port: int,
-        store: str | None,
-        args: list[str] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.port = port
-        self.store = store
-        self.log_path = log_path
-        argv = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port)]
-        if store is not None:
-            argv += ["--store", store]
-        argv += args or []
-        environment = child_env()
-        environment.update(env or {})
-        with log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                argv,
-                cwd=ROOT,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @classmethod
-    def start(
-        cls,
-        workdir: Path,
-        store: str | None,
-        *,
-        args: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        ready_path: str = "/healthz",
-        started: list[GatewayProcess] | None = None,
-    ) -> ServeProcess:
-        """Started on a free port (three attempts) and answering *ready_path*."""
-        gateway = None
-        for _attempt in range(3):
-            port = free_port()
-            log_path = workdir / f"serve-{port}-{uuid.uuid4().hex[:8]}.log"
-            gateway = cls(log_path, port, store, args, env)
-            if started is not None:
-                started.append(gateway)
-            if gateway.wait_healthy(path=ready_path):
-                return gateway
-        assert gateway is not None
-        raise RuntimeError(f"gateway exited at start:\n{gateway.log()}")
 
 
 def rss_bytes(pid: int) -> int:
@@ -864,7 +808,7 @@ async def test_gateway_process_rss_returns_near_baseline_after_mixed_aborts(
     clients: list[Client] = []
     try:
         first = {t: await append_events(writer, t, blobs(0, 5_000, 1000)) for t in threads}
-        gw = ServeProcess.start(
+        gw = start_gateway(
             tmp_path,
             f"{own_redis.url}?prefix={prefix}",
             args=["--send-queue-bytes", str(256 * KIB), "--ping-interval", str(PING)],

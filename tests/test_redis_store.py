@@ -17,6 +17,7 @@ from agui_hub.store import START, EventInput, FeedState, Retention
 from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
+from .streams import collect
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -24,15 +25,6 @@ pytestmark = pytest.mark.timeout(90)
 def item(i: int) -> EventInput:
     event = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"d{i}"}
     return EventInput.of(event, f"e{i}")
-
-
-async def collect(feed: Any, count: int) -> list[Any]:
-    got = []
-    async for entry in feed:
-        got.append(entry)
-        if len(got) == count:
-            break
-    return got
 
 
 async def client_ids(admin: aioredis.Redis) -> set[int]:

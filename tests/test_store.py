@@ -36,6 +36,7 @@ from agui_hub.store import (
 )
 
 from .conftest import TIMEOUT_SCALE, RedisServer
+from .streams import collect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -281,15 +282,6 @@ async def test_bad_arguments(make_store: StoreFactory) -> None:
         await store.read("a\nb")
     with pytest.raises(InvalidOffset):
         store.subscribe("t", after="nope")
-
-
-async def collect(feed: Any, count: int) -> list[Any]:
-    got = []
-    async for entry in feed:
-        got.append(entry)
-        if len(got) == count:
-            break
-    return got
 
 
 async def test_subscribe_from_start_then_live(make_store: StoreFactory) -> None:

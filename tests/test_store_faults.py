@@ -29,6 +29,7 @@ from agui_hub.store import START, Checkpoint, EventInput, FeedState, Retention, 
 from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
+from .streams import collect
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,15 +44,6 @@ def item(i: int, prefix: str = "e") -> EventInput:
 
 def delta(entry: Any) -> str:
     return str(msgpack.unpackb(entry.data)["delta"])
-
-
-async def collect(feed: Any, count: int) -> list[Any]:
-    got = []
-    async for entry in feed:
-        got.append(entry)
-        if len(got) == count:
-            break
-    return got
 
 
 async def within(awaitable: Awaitable[T], seconds: float = WAIT) -> T:
