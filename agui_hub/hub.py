@@ -84,8 +84,9 @@ LOAD_PAGE = 5000
 """Entries read per store round trip while a channel folds its thread."""
 CHECKPOINT_EVERY = 1000
 """Events between two checkpoints of a live thread's folded state."""
-YIELD_EVERY = 16
-"""Entries a channel relays before it lets the connections' writers run."""
+YIELD_BYTES = 256 * 1024
+"""Bytes of events a channel relays before it lets the connections' writers run
+(one writer batch: small events still go out in large writes)."""
 LOAD_ATTEMPTS = 5
 """Reads of a thread a (re)load tries before it gives up (the thread kept changing)."""
 RESET_WAIT = 0.1
@@ -357,10 +358,11 @@ class ThreadChannel:
                 relayed = 0
                 async for entry in feed:
                     self._deliver(entry)
-                    relayed += 1
-                    if relayed % YIELD_EVERY == 0:
+                    relayed += len(entry.data)
+                    if relayed >= YIELD_BYTES:
                         # Let the writers send what was queued: a burst from the
                         # store must not fill every queue before any is written.
+                        relayed = 0
                         await asyncio.sleep(0)
                 return
             except SubscriptionLagged as exc:

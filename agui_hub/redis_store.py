@@ -383,7 +383,8 @@ def _entry(raw: Sequence[Any]) -> Entry:
             and fields[6] == b"type"
         ):
             # The layout the append script writes: event, id, run, type.
-            with contextlib.suppress(UnicodeDecodeError, AttributeError):
+            # (try, not contextlib.suppress: no object made per entry on a hot path)
+            try:
                 run = fields[5]
                 return Entry(
                     offset,
@@ -392,6 +393,8 @@ def _entry(raw: Sequence[Any]) -> Entry:
                     run.decode() if run else None,
                     fields[7].decode(),
                 )
+            except (UnicodeDecodeError, AttributeError):
+                pass
         data: Any = b""
         event_id: Any = None
         run_id: Any = None
