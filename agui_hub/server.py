@@ -445,17 +445,12 @@ class Connection:
         if self.state is ConnectionState.OPEN:
             await self.handle(command)
 
-    async def handle(self, command: Command | bytes | str) -> None:
-        """Carry out one command (or client frame). Errors become error frames."""
+    async def handle(self, command: Command) -> None:
+        """Carry out one parsed command. Errors become error frames."""
         gateway = self.gateway
-        command_id = None
+        command_id = command.id
         thread = None
         try:
-            if not isinstance(command, Subscribe | Unsubscribe | Publish | Ping):
-                command = parse_command(
-                    command, self.encoding, max_size=gateway.config.max_frame_bytes
-                )
-            command_id = command.id
             if isinstance(command, Ping):
                 self.reply(pong_frame(command.id))
             elif isinstance(command, Subscribe):
