@@ -23,7 +23,6 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -478,11 +477,9 @@ class Connection:
                     return
                 offsets = await gateway.hub.publish(thread, command.events, command.event_ids)
                 self.reply(published_frame(command.id, thread, offsets))
-        except CommandError as exc:
-            self.reply(error_frame(exc.code, str(exc), exc.command_id, thread))
         except AguiHubError as exc:
             index = exc.index if isinstance(exc, ProtocolError) else None
-            self.reply(error_frame(exc.code, gateway.public(str(exc)), command_id, thread, index))
+            self.reply(error_frame(exc.code, str(exc), command_id, thread, index))
 
     async def _subscribe(self, command: Subscribe) -> None:
         gateway = self.gateway
@@ -572,15 +569,6 @@ class Gateway:
         self._store_watch: asyncio.Task[None] | None = None
         self.write_timeout: float = config.write_timeout or config.ping_timeout or 20 * SECONDS
 
-    def public(self, message: str) -> str:
-        """*message* with the store URL's password taken out, for clients and logs."""
-        if self.config.store and self.config.store != self.store_name:
-            message = message.replace(self.config.store, self.store_name)
-        password = urlsplit(self.config.store).password if self.config.store else None
-        if password:
-            message = message.replace(password, "***")
-        return message
-
     # The store ---------------------------------------------------------------------------------
 
     async def check_store(self) -> bool:
@@ -591,7 +579,8 @@ class Gateway:
                 self.store.durability_warnings(), STORE_CHECK_TIMEOUT
             )
         except (AguiHubError, TimeoutError, OSError) as exc:
-            self.store_problem = self.public(str(exc) or "no answer in time")
+            # The store's messages name it by its redacted URL: no password here.
+            self.store_problem = str(exc) or "no answer in time"
             return False
         self.store_problem = None
         return True
