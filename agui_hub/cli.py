@@ -1,4 +1,4 @@
-"""The ``agui-hub`` command line: serve, publish, tail, replay, demo.
+"""The ``agui-hub`` command line: serve, token, publish, tail, replay, demo.
 
 Exit status: 0 done, 1 the work failed (the hub is unreachable, an event was
 rejected, ...; the message on stderr says why), 2 a usage error, 130
@@ -35,6 +35,9 @@ URL_HELP = (
 )
 
 
+TOKEN_HELP = "bearer token for a gateway with authentication (default $AGUI_HUB_TOKEN)"
+
+
 class UsageError(Exception):
     """A command line that cannot work; reported with exit status 2."""
 
@@ -50,43 +53,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the WebSocket gateway",
-        description="Run the WebSocket gateway. Every option can also be set with an "
-        "AGUI_HUB_* environment variable (e.g. AGUI_HUB_STORE, AGUI_HUB_PORT); "
-        "flags win.",
+        description="Run the WebSocket gateway. Every setting can also come from an "
+        "AGUI_HUB_* environment variable (AGUI_HUB_STORE, AGUI_HUB_MAX_CONNECTIONS, ...) or "
+        "a TOML file (--config); flags win over variables, variables over the file.",
     )
-    serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (default 8765; 0: any free)")
+    _add_settings(serve)
     serve.add_argument(
-        "--store",
-        help="store URL: redis://host:port/db[?max_len=…&max_age=…&ttl=…] or memory:// "
-        "(default: the in-process memory store)",
-    )
-    serve.add_argument("--max-frame-bytes", type=int, help="largest client frame (default 1 MiB)")
-    serve.add_argument(
-        "--max-subscriptions", type=int, help="threads per connection (default 1000)"
-    )
-    serve.add_argument(
-        "--send-queue-bytes",
-        type=int,
-        help="unsent bytes per connection before it is closed as slow (default 4 MiB)",
-    )
-    serve.add_argument("--ping-interval", type=float, help="seconds between keepalive pings")
-    serve.add_argument("--idle-timeout", type=float, help="seconds before an idle socket closes")
-    serve.add_argument(
-        "--state-max-bytes",
-        type=int,
-        help="largest folded state document of a thread, in bytes (default 8 MiB)",
-    )
-    serve.add_argument(
-        "--state-max-depth", type=int, help="deepest nesting of a thread's state (default 64)"
-    )
-    serve.add_argument(
-        "--require-durable-store",
-        action="store_true",
-        default=None,
-        help="refuse to start on a Redis whose settings can lose events (docs/store.md)",
-    )
+        "--config", metavar="FILE", help="TOML file of settings (names as below, with _); "
+        "also $AGUI_HUB_CONFIG"
+    )  # fmt: skip
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+
+    token = commands.add_parser(
+        "token",
+        help="mint an HS256 token for the gateway (development, small deployments)",
+        description="Print a signed JWT for SUBJECT with the given grants, for a gateway "
+        "run with --jwt-secret / --jwt-secret-file. Patterns are thread ids or prefixes "
+        "ending in * (tenant-42/*). In production an identity provider issues tokens.",
+    )
+    token.add_argument("subject", help="the token's sub: who it is (scopes its event ids)")
+    token.add_argument("--subscribe", action="append", default=[], metavar="PATTERN",
+                       help="threads it may read (repeat for more)")  # fmt: skip
+    token.add_argument("--publish", action="append", default=[], metavar="PATTERN",
+                       help="threads it may publish into (repeat for more)")  # fmt: skip
+    token.add_argument("--ttl", type=float, default=3600.0,
+                       help="seconds until it expires (default 3600)")  # fmt: skip
+    token.add_argument("--secret-file", help="file holding the secret (default "
+                       "$AGUI_HUB_JWT_SECRET_FILE, or $AGUI_HUB_JWT_SECRET)")  # fmt: skip
+    token.add_argument("--audience", help="aud claim (default $AGUI_HUB_JWT_AUDIENCE)")
+    token.add_argument("--issuer", help="iss claim (default $AGUI_HUB_JWT_ISSUER)")
 
     publish = commands.add_parser(
         "publish",
@@ -100,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("thread")
     publish.add_argument("file", nargs="?", default="-", help="NDJSON file (default -: stdin)")
     publish.add_argument("--url", help=URL_HELP)
+    publish.add_argument("--token", help=TOKEN_HELP)
     publish.add_argument(
         "--sequence",
         choices=["strict", "off"],
@@ -119,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("thread")
     tail.add_argument("--url", help="the gateway, ws://HOST:PORT (default $AGUI_HUB_URL or "
                       f"{DEFAULT_URL})")  # fmt: skip
+    tail.add_argument("--token", help=TOKEN_HELP)
     tail.add_argument(
         "--from",
         dest="start",
@@ -143,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("thread")
     replay.add_argument("--url", help=URL_HELP)
+    replay.add_argument("--token", help=TOKEN_HELP)
     replay.add_argument("--json", action="store_true", help="NDJSON, one event per line")
     replay.add_argument("--color", choices=["auto", "always", "never"], default="auto")
 
@@ -155,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("thread", nargs="?", default="demo", help="default: demo")
     demo.add_argument("--url", help=URL_HELP)
+    demo.add_argument("--token", help=TOKEN_HELP)
     demo.add_argument("--run-id", help="the run's id (default: a new one)")
     demo.add_argument("--runs", type=int, default=1, help="how many runs, one after another")
     demo.add_argument(
@@ -166,35 +165,77 @@ def build_parser() -> argparse.ArgumentParser:
 # -- serve ---------------------------------------------------------------------------------------
 
 
+def _add_settings(serve: argparse.ArgumentParser) -> None:
+    """One flag per gateway setting (--max-connections for max_connections), in groups."""
+    from .config import SETTING_GROUPS, setting_kinds
+
+    kinds = setting_kinds()
+    for title, settings in SETTING_GROUPS.items():
+        group = serve.add_argument_group(title)
+        for name, text in settings.items():
+            flag = "--" + name.replace("_", "-")
+            kind = kinds[name]
+            if kind is bool:
+                group.add_argument(flag, action="store_true", default=None, help=text)
+            else:
+                metavar = {int: "N", float: "SECONDS", str: "TEXT"}.get(kind, "VALUE")
+                if name.endswith(("_file", "_cert", "_key")):
+                    metavar = "FILE"
+                elif name.endswith("_per_second"):
+                    metavar = "RATE"
+                elif name in ("store",):
+                    metavar = "URL"
+                group.add_argument(flag, type=_setting_type(flag, kind), help=text, metavar=metavar)
+
+
+def _setting_type(flag: str, kind: type) -> Callable[[str], Any]:
+    names = {int: "an integer", float: "a number", str: "a string"}
+
+    def parse(raw: str) -> Any:
+        try:
+            return kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not {names[kind]}") from None
+
+    parse.__name__ = names.get(kind, kind.__name__)
+    return parse
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from .config import setting_kinds
     from .errors import StoreError
-    from .server import Gateway, GatewayConfig
+    from .server import Gateway, GatewayConfig, raise_open_file_limit
 
     level = args.log_level.upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        print(f"agui-hub serve: --log-level {args.log_level!r}: use DEBUG, INFO, WARNING "
+              "or ERROR", file=sys.stderr)  # fmt: skip
+        return 2
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level != "DEBUG":
         # One line per connection and health check is noise in production logs.
         logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
         config = GatewayConfig.from_env(
-            host=args.host,
-            port=args.port,
-            store=args.store,
-            max_frame_bytes=args.max_frame_bytes,
-            max_subscriptions=args.max_subscriptions,
-            send_queue_bytes=args.send_queue_bytes,
-            ping_interval=args.ping_interval,
-            idle_timeout=args.idle_timeout,
-            state_max_bytes=args.state_max_bytes,
-            state_max_depth=args.state_max_depth,
-            require_durable_store=args.require_durable_store,
+            config_file=args.config,
+            **{name: getattr(args, name) for name in setting_kinds()},
         )
+        before, after = raise_open_file_limit()
+        if after != before:
+            logging.getLogger("agui_hub.server").info(
+                "open-file limit raised from %d to %d", before, after
+            )
+        else:
+            logging.getLogger("agui_hub.server").info("open-file limit %d", after)
         gateway = Gateway(config)
     except ValueError as exc:
         print(f"agui-hub serve: {exc}", file=sys.stderr)
         return 2
     try:
         asyncio.run(gateway.run())
+    except ValueError as exc:
+        print(f"agui-hub serve: {exc}", file=sys.stderr)
+        return 2
     except StoreError as exc:
         print(f"agui-hub serve: {exc}", file=sys.stderr)
         return 1
@@ -203,6 +244,50 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from .auth import encode_token
+
+    path = args.secret_file or os.environ.get("AGUI_HUB_JWT_SECRET_FILE")
+    try:
+        if path:
+            secret = Path(path).read_text().strip()
+        else:
+            secret = os.environ.get("AGUI_HUB_JWT_SECRET", "")
+        if not secret:
+            raise UsageError(
+                "give the gateway's secret: --secret-file FILE (or $AGUI_HUB_JWT_SECRET_FILE, "
+                "$AGUI_HUB_JWT_SECRET)"
+            )
+        if len(secret.encode()) < 32:
+            raise UsageError("the secret is shorter than 32 bytes; the gateway refuses it")
+        if not args.ttl > 0:
+            raise UsageError("--ttl must be a positive number of seconds")
+        print(
+            encode_token(
+                secret,
+                args.subject,
+                subscribe=args.subscribe,
+                publish=args.publish,
+                ttl=args.ttl,
+                audience=args.audience or os.environ.get("AGUI_HUB_JWT_AUDIENCE") or None,
+                issuer=args.issuer or os.environ.get("AGUI_HUB_JWT_ISSUER") or None,
+            )
+        )
+    except OSError as exc:
+        print(f"agui-hub token: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except (UsageError, ValueError) as exc:
+        print(f"agui-hub token: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    """The handshake headers of a client command: its token, if it has one."""
+    token = getattr(args, "token", None) or os.environ.get("AGUI_HUB_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 # -- shared helpers ---------------------------------------------------------------------------
@@ -301,14 +386,27 @@ def _parse_line(number: int, text: str) -> _Line | None:
     return _Line(number, value, None)
 
 
-def _check_line(line: _Line) -> dict[str, Any]:
+def _check_line(line: _Line, thread: str) -> dict[str, Any]:
     from .errors import InvalidEvent
     from .events import validate_wire
 
     try:
-        return validate_wire(line.event)
+        event = validate_wire(line.event)
     except InvalidEvent as exc:
         raise ValueError(f"line {line.number}: {exc}") from None
+    named = event.get("threadId")
+    if event["type"] in ("RUN_STARTED", "RUN_FINISHED") and named != thread:
+        # A thread copied under another name (replay --json | publish): its run
+        # markers must name the thread they are in, or the hub refuses them.
+        if not _retargeted:
+            print(f"agui-hub publish: run events name thread {named!r}; published into "
+                  f"{thread!r} with threadId {thread!r}", file=sys.stderr)  # fmt: skip
+            _retargeted.append(named)
+        event = {**event, "threadId": thread}
+    return event
+
+
+_retargeted: list[Any] = []
 
 
 async def _lines_of_stream(stream: IO[str]) -> AsyncIterator[list[tuple[int, str]]]:
@@ -355,7 +453,7 @@ async def _publish(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
         whole = True
-    async with Publisher(url, sequence=args.sequence) as publisher:
+    async with Publisher(url, sequence=args.sequence, headers=_headers(args)) as publisher:
         try:
             if whole:
                 # A file: check every line before anything is published.
@@ -364,14 +462,14 @@ async def _publish(args: argparse.Namespace) -> int:
                     for number, text in enumerate(stream, 1)
                     if (line := _parse_line(number, text)) is not None
                 ]
-                events = [_check_line(line) for line in lines]
+                events = [_check_line(line, thread) for line in lines]
                 for begin in range(0, len(lines), 1000):
                     await _publish_lines(publisher, thread, lines[begin : begin + 1000],
                                          events[begin : begin + 1000], out)  # fmt: skip
             else:
                 async for batch in _lines_of_stream(stream):
                     lines = [line for number, text in batch if (line := _parse_line(number, text))]
-                    events = [_check_line(line) for line in lines]
+                    events = [_check_line(line, thread) for line in lines]
                     await _publish_lines(publisher, thread, lines, events, out)
         finally:
             if stream is not sys.stdin:
@@ -463,13 +561,13 @@ def _start(value: str) -> Any:
     return Position(offset, epoch or None)
 
 
-async def _connect(url: str, *, wait: bool) -> Any:
+async def _connect(url: str, *, wait: bool, headers: dict[str, str] | None = None) -> Any:
     """A connected HubClient; with *wait*, retry until the gateway answers."""
     from .client import HubClient
 
     delay, told = 0.1, False
     while True:
-        client = HubClient(url)
+        client = HubClient(url, headers=headers)
         try:
             await client.connect()
             return client
@@ -499,7 +597,7 @@ async def _tail(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"{args.offset_file}: {exc}") from None
     out = _Output(sys.stdout)
-    client = await _connect(url, wait=True)
+    client = await _connect(url, wait=True, headers=_headers(args))
     newest: tuple[int, int] | None = None
     saved_at: Position | None = None
     try:
@@ -572,7 +670,7 @@ async def _replay(args: argparse.Namespace) -> int:
 
     count = 0
     if scheme in ("ws", "wss"):
-        count = await _replay_gateway(url, thread, emit)
+        count = await _replay_gateway(url, thread, emit, _headers(args))
     else:
         count = await _replay_store(url, thread, emit)
     if not args.json:
@@ -582,10 +680,12 @@ async def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _replay_gateway(url: str, thread: str, emit: Callable[..., None]) -> int:
+async def _replay_gateway(
+    url: str, thread: str, emit: Callable[..., None], headers: dict[str, str]
+) -> int:
     from .client import Snapshot, Subscribed, ThreadEvent
 
-    client = await _connect(url, wait=False)
+    client = await _connect(url, wait=False, headers=headers)
     count = 0
     try:
         async with client.subscribe(thread, "start") as sub:
@@ -662,7 +762,7 @@ async def _demo(args: argparse.Namespace) -> int:
         raise UsageError("--runs must be at least 1")
     if args.speed < 0:
         raise UsageError("--speed must be 0 or more")
-    async with Publisher(url) as publisher:
+    async with Publisher(url, headers=_headers(args)) as publisher:
         for number in range(args.runs):
             run_id = args.run_id or f"run-{uuid.uuid4().hex[:8]}"
             if args.run_id and args.runs > 1:
@@ -688,6 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "token":
+        return _token(args)
     commands: dict[str, Callable[[argparse.Namespace], Any]] = {
         "publish": _publish,
         "tail": _tail,

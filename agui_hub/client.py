@@ -28,12 +28,22 @@ state at any moment.
 The client needs ``websockets``, ``msgpack`` and ``pydantic`` only; it never
 imports redis.
 
+Authentication: ``token=`` is a JWT, or a callable returning one (a token
+provider, sync or async), sent as ``Authorization: Bearer`` on every
+(re)connection. With a provider the client renews the credentials on the open
+connection before they expire (an ``auth`` command) and reconnects with a new
+token when the gateway closes with 4401; see :class:`HubClient`.
+
 Errors: :class:`~agui_hub.errors.HubUnreachable` (cannot connect, or
 reconnecting gave up), :class:`~agui_hub.errors.ConnectionRejected` (the
-connection ended for good: the gateway closed it with 1000, 4401 or 4403, or
-it cannot work as configured: a gateway frame over ``max_receive_bytes``,
+connection ended for good: the gateway refused the token at the handshake
+(HTTP 401 / 403), closed it with 1000, 4403, or 4401 without a token provider,
+or it cannot work as configured: a gateway frame over ``max_receive_bytes``,
 see :data:`CLIENT_FAULTS`), :class:`~agui_hub.errors.CommandRejected`
-(an error frame), and for :meth:`HubClient.publish` the same
+(an error frame; ``forbidden`` also ends a subscription whose grant a token
+refresh took away), :class:`~agui_hub.errors.RateLimited` (a command still
+refused for the rate limit when its deadline came; before that it is sent
+again by itself), and for :meth:`HubClient.publish` the same
 :class:`~agui_hub.errors.InvalidEvent` / :class:`~agui_hub.errors.SequenceError`
 a local publish raises.
 """
@@ -41,21 +51,29 @@ a local publish raises.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import dataclasses
 import enum
+import inspect
 import itertools
+import json
 import logging
+import math
 import random
 import secrets
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import Frame
 
+from .auth import Grants
 from .chunks import ChunkExpander
 from .codec import Encoding, decode, encode
 from .errors import (
@@ -67,6 +85,7 @@ from .errors import (
     HubUnreachable,
     PayloadTooLarge,
     ProtocolError,
+    RateLimited,
     StoreUnavailable,
     from_error_frame,
 )
@@ -83,6 +102,7 @@ from .protocol import (
 from .reducer import ThreadState
 
 __all__ = [
+    "Authenticated",
     "ClientState",
     "HubClient",
     "Item",
@@ -92,6 +112,7 @@ __all__ = [
     "Subscribed",
     "Subscription",
     "ThreadEvent",
+    "TokenProvider",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,6 +137,88 @@ gateway answered anything ends the client with
 :class:`~agui_hub.errors.ConnectionRejected` rather than a reconnect loop. Sent by
 this client (a frame of the gateway was over ``max_receive_bytes``, or invalid),
 it ends the client at once: the gateway would send the same frame again."""
+
+
+TokenProvider = Callable[[], str | Awaitable[str]]
+"""A callable that returns a token (a JWT), or an awaitable of one: called for each
+connection attempt and each refresh, so it should hand out a fresh token when the
+last one is close to expiry."""
+
+REFRESH_SHARE = 0.2
+"""The credentials are renewed when this share of their remaining lifetime is left ..."""
+REFRESH_LEAD_MAX = 60.0
+"""... but not earlier than this many seconds before they expire."""
+MAX_RETRY_AFTER = 300.0
+"""Longest ``Retry-After`` (seconds) honoured from a gateway that is full or draining."""
+
+
+def _token_expiry(token: str) -> float | None:
+    """The ``exp`` claim of a JWT (Unix seconds), read without verifying it; ``None``
+    when *token* is not a JWT or has no ``exp``.
+
+    The client only schedules refreshes with it: the gateway verifies the token.
+    """
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    payload = parts[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (ValueError, binascii.Error):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    if isinstance(exp, int | float) and not isinstance(exp, bool) and math.isfinite(exp):
+        return float(exp)
+    return None
+
+
+def _retry_after(frame: Mapping[str, Any]) -> float:
+    """A ``rate_limited`` frame's ``retryAfter`` (seconds), sane or 0."""
+    value = frame.get("retryAfter")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER)
+    return 0.0
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(x for x in value if isinstance(x, str)) if isinstance(value, list) else ()
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class _GatewayBusy(HubUnreachable):
+    """HTTP 429 / 503 at the handshake: transient; retry after :attr:`retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class _RedactingLogger(logging.LoggerAdapter[logging.Logger]):
+    """websockets' client logger, minus the credentials its debug output would show.
+
+    With DEBUG on ``websockets.client`` websockets logs every handshake header
+    (``Authorization`` holds the token) and the start of every frame (an
+    ``auth`` command holds one too).
+    """
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if args:
+            if len(args) == 2 and isinstance(args[0], str) and args[0].lower() == "authorization":
+                args = (args[0], "Bearer [redacted]")
+            else:
+                args = tuple(
+                    "[auth frame: token redacted]"
+                    if isinstance(arg, Frame) and b"token" in arg.data and b"auth" in arg.data
+                    else arg
+                    for arg in args
+                )
+        super().log(level, msg, *args, **kwargs)
+
+
+_WEBSOCKETS_LOG = _RedactingLogger(logging.getLogger("websockets.client"), {})
 
 
 # -- what a subscription yields ---------------------------------------------------------------
@@ -172,6 +275,20 @@ class ThreadEvent:
 
 
 Item = Subscribed | Snapshot | ThreadEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticated:
+    """The gateway's answer to :meth:`HubClient.authenticate`: who the connection is now.
+
+    ``expires`` is when these credentials end (Unix seconds; ``None``: never);
+    ``grants`` which threads the connection may subscribe to and publish into
+    (``grants.allows(Action.SUBSCRIBE, thread)``, see :mod:`agui_hub.auth`).
+    """
+
+    subject: str
+    expires: float | None
+    grants: Grants
 
 
 class ClientState(enum.Enum):
@@ -532,8 +649,7 @@ class HubClient:
     once a connection proved healthy: a subscription was confirmed
     (``subscribed``), a command was answered, or the connection lasted
     *backoff_max* seconds. So a gateway that accepts connections and then
-    fails them is not hammered. *headers* go into the opening handshake (e.g.
-    an ``Authorization`` header).
+    fails them is not hammered. *headers* go into the opening handshake.
 
     *max_frame_bytes* is the largest frame this client sends (match the
     gateway's limit) and *max_receive_bytes* the largest it accepts
@@ -541,6 +657,30 @@ class HubClient:
     frame as large as the thread's folded content; a larger frame ends the
     client with :class:`~agui_hub.errors.ConnectionRejected` (close code
     1009) instead of reconnecting into the same frame.
+
+    *token* authenticates the client: a JWT (``str``), or a
+    :data:`TokenProvider` (a callable returning a token or an awaitable of
+    one), sent as ``Authorization: Bearer <token>`` on every connection
+    attempt; a provider is asked for each attempt. With a provider and
+    *refresh* (the default) the client renews the credentials before the
+    token's ``exp``: when a fifth of its remaining lifetime is left (at most
+    60 s before), it asks the provider for a new token and sends it in an
+    ``auth`` command on the open connection, so the gateway never has to
+    close it. A refresh that fails is logged and tried again shortly; should
+    the token expire anyway, the gateway closes with 4401 and the client
+    reconnects with a new token and resumes. Without a provider a 4401 is
+    final (:class:`~agui_hub.errors.ConnectionRejected`): give a provider to
+    a client that lives longer than its token. The token is never logged nor
+    put in a repr or an exception message.
+
+    What the gateway's refusals become: HTTP 401 / 403 at the handshake,
+    :class:`~agui_hub.errors.ConnectionRejected` (``close_code`` 4401 /
+    4403; while reconnecting, a provider gets one more try after a 401);
+    HTTP 429 / 503 (too many connections, gateway full or draining),
+    :class:`~agui_hub.errors.HubUnreachable` from :meth:`connect`, and while
+    reconnecting a retry no earlier than their ``Retry-After``. A
+    ``rate_limited`` answer to a command is sent again by itself after the
+    gateway's ``retryAfter``, within the call's timeout.
     """
 
     def __init__(
@@ -555,10 +695,24 @@ class HubClient:
         give_up_after: float | None = None,
         max_frame_bytes: int = 1024 * 1024,
         max_receive_bytes: int | None = DEFAULT_MAX_RECEIVE_BYTES,
+        token: str | TokenProvider | None = None,
+        refresh: bool = True,
     ) -> None:
         self.url = url
         self.encoding = Encoding(encoding)
         self.headers = dict(headers or {})
+        if token is not None:
+            if any(name.lower() == "authorization" for name in self.headers):
+                raise ValueError("pass the token either as token= or in an Authorization "
+                                 "header, not both")  # fmt: skip
+            if not callable(token) and not (isinstance(token, str) and token):
+                raise TypeError("token is a non-empty string or a callable that returns one")
+        # The token the next connection attempt sends, or the provider to ask for it.
+        # Private, and never formatted into a message: it is a credential.
+        self._token: str | None = token if isinstance(token, str) else None
+        self._provider: TokenProvider | None = None if isinstance(token, str) else token
+        self.refresh = refresh
+        """Renew the credentials before they expire (with a token provider only)."""
         self.open_timeout = open_timeout
         self.backoff_min = backoff_min
         self.backoff_max = backoff_max
@@ -590,6 +744,13 @@ class HubClient:
         self._id_prefix = secrets.token_hex(8)
         self._failure: AguiHubError | None = None
         self._chores: set[asyncio.Task[Any]] = set()
+        # When the connection's credentials expire, and when to renew them (Unix
+        # seconds: token expiries are wall-clock times); the refresher wakes on
+        # _rescheduled whenever they change.
+        self._expires: float | None = None
+        self._refresh_at: float | None = None
+        self._rescheduled = asyncio.Event()
+        self._refresher: asyncio.Task[None] | None = None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -602,14 +763,20 @@ class HubClient:
 
     async def connect(self) -> None:
         """Open the connection. Raises :class:`~agui_hub.errors.HubUnreachable` at once
-        when the gateway cannot be reached (check the URL and that it runs), or
-        :class:`~agui_hub.errors.ConnectionRejected` when it refuses the client."""
+        when the gateway cannot be reached (check the URL and that it runs) or is
+        busy (HTTP 429 / 503: try again later), or
+        :class:`~agui_hub.errors.ConnectionRejected` when it refuses the client
+        (HTTP 401: no token, or one it does not accept: the message says why;
+        403: the credentials were revoked or the Origin is not allowed). What a
+        token provider raises propagates unchanged."""
         if self.state is not ClientState.NEW:
             raise ClientError(f"this client is already {self.state.value}")
-        self._ws = await self._open()
+        self._ws = await self._open(await self._token_now())
         self.state = ClientState.OPEN
         self._connected.set()
         self._task = asyncio.create_task(self._manage(self._ws))
+        if self._provider is not None and self.refresh:
+            self._refresher = asyncio.create_task(self._refresh_loop())
 
     async def close(self) -> None:
         """Close the connection and end every subscription (their iteration stops)."""
@@ -621,10 +788,11 @@ class HubClient:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 await self._ws.close()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._task, self._refresher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         for task in list(self._chores):
             task.cancel()
         for sub in list(self._subs.values()):
@@ -743,6 +911,44 @@ class HubClient:
         await self._request({"type": "ping"}, deadline)
         return loop.time() - began
 
+    async def authenticate(self, token: str, *, timeout: float | None = None) -> Authenticated:
+        """Send *token* in an ``auth`` command: authenticate a connection opened
+        without a token, or renew its credentials before they expire.
+
+        Returns who the connection is now, until when, and its grants; a
+        subscription the new grants no longer cover ends with
+        :class:`~agui_hub.errors.CommandRejected` (``forbidden``). Raises
+        :class:`~agui_hub.errors.CommandRejected` with ``code``
+        ``unauthorized`` (the token is invalid or expired: the connection keeps
+        its previous credentials; get another token) or ``forbidden`` (a token
+        for another subject than the connection's: use another client for it),
+        and :class:`~agui_hub.errors.HubUnreachable` without an answer within
+        *timeout* seconds (default: *open_timeout*). A client without a token
+        provider sends *token* on its later reconnections too. (With a
+        provider the client does this by itself, see :class:`HubClient`.)
+        """
+        if not isinstance(token, str) or not token:
+            raise ValueError("the token is a non-empty string")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout if timeout is not None else self.open_timeout)
+        reply = await self._request({"type": "auth", "token": token}, deadline)
+        if reply.get("type") != "authenticated":
+            raise ClientError(f"the gateway answered auth with a {reply.get('type')!r} frame")
+        expires = reply.get("expires")
+        if not isinstance(expires, int | float) or isinstance(expires, bool):
+            expires = None
+        grants = reply.get("grants")
+        grants = grants if isinstance(grants, dict) else {}
+        result = Authenticated(
+            str(reply.get("subject", "")),
+            None if expires is None else float(expires),
+            Grants(_strings(grants.get("subscribe")), _strings(grants.get("publish"))),
+        )
+        if self._provider is None:
+            self._token = token  # what proved the connection proves the next one
+        self._adopt(token, result.expires)
+        return result
+
     def new_event_ids(self, count: int) -> list[str]:
         """Fresh event ids, unique to this client: ``<random prefix>-<counter>``."""
         return [f"{self._id_prefix}-{next(self._event_ids)}" for _ in range(count)]
@@ -750,6 +956,24 @@ class HubClient:
     # -- internals: requests ------------------------------------------------------------
 
     async def _request(self, command: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+        """Send *command* and await its reply; sent again while the gateway answers
+        ``rate_limited``, until *deadline* (then :class:`~agui_hub.errors.RateLimited`)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return await self._request_once(command, deadline)
+            except RateLimited as exc:
+                # Nothing of the command was carried out: the same command (the same
+                # event ids) again is safe. The jitter spreads the clients it paused.
+                wait = max(exc.retry_after, 0.01)
+                delay = wait + random.uniform(0, 0.05 + 0.2 * wait)
+                if deadline is not None and loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def _request_once(
+        self, command: dict[str, Any], deadline: float | None
+    ) -> dict[str, Any]:
         """Send *command* with a fresh id and await its reply (or error frame)."""
         await self._wait_connected(deadline)
         ws = self._ws
@@ -846,22 +1070,84 @@ class HubClient:
 
     # -- internals: the connection --------------------------------------------------------
 
-    async def _open(self) -> ClientConnection:
+    async def _token_now(self) -> str | None:
+        """The token for the next connection attempt or refresh: the provider's, or the
+        one given (``None``: none)."""
+        if self._provider is None:
+            return self._token
+        answer = self._provider()
+        token = await answer if inspect.isawaitable(answer) else answer
+        if not isinstance(token, str) or not token:
+            raise TypeError(
+                f"the token provider returned {type(token).__name__}, not a non-empty string"
+            )
+        return token
+
+    def _adopt(self, token: str | None, expires: float | None = None) -> None:
+        """The connection's credentials are now *token* (valid until *expires*, else
+        the token's ``exp``): schedule their renewal."""
+        if expires is None and token is not None:
+            expires = _token_expiry(token)
+        self._expires = expires
+        if expires is None or self._provider is None or not self.refresh:
+            self._refresh_at = None
+        else:
+            left = max(0.0, expires - time.time())
+            self._refresh_at = expires - min(left * REFRESH_SHARE, REFRESH_LEAD_MAX)
+        self._rescheduled.set()
+
+    async def _refresh_loop(self) -> None:
+        """Renew the credentials before they expire, while the client is open."""
+        while self.state is not ClientState.CLOSED and self._failure is None:
+            self._rescheduled.clear()
+            due = self._refresh_at
+            if due is None:
+                await self._rescheduled.wait()
+                continue
+            if not self._connected.is_set():
+                # A reconnect is under way: it brings a new token and a new schedule.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._rescheduled.wait(), 1.0)
+                continue
+            delay = due - time.time()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._rescheduled.wait(), delay)
+                continue
+            expires = self._expires
+            try:
+                token = await self._token_now()
+                assert token is not None  # only runs with a provider
+                await self.authenticate(token)  # adopts the new expiry: a new schedule
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("agui-hub client: renewing the credentials failed (%s); "
+                            "trying again shortly", _describe(exc))  # fmt: skip
+                if self._refresh_at == due:  # not replaced meanwhile (by a reconnect)
+                    now = time.time()
+                    left = 0.0 if expires is None else expires - now
+                    # Often enough to renew before the expiry; past it, until the
+                    # gateway closes (4401) and the reconnect brings a new token.
+                    pause = min(10.0, max(0.25, left / 4)) if left > 0 else 2.0
+                    self._refresh_at = now + pause
+
+    async def _open(self, token: str | None) -> ClientConnection:
         subprotocol = SUBPROTOCOL_MSGPACK if self.encoding is Encoding.MSGPACK else SUBPROTOCOL_JSON
+        headers = dict(self.headers)
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         try:
             ws = await connect(
                 self.url,
                 subprotocols=[subprotocol],  # type: ignore[list-item]
-                additional_headers=self.headers or None,
+                additional_headers=headers or None,
                 open_timeout=self.open_timeout,
                 max_size=self.max_receive_bytes,
+                logger=_WEBSOCKETS_LOG,
             )
         except InvalidStatus as exc:
-            status = exc.response.status_code
-            if status in (401, 403):
-                code = CloseCode.UNAUTHORIZED if status == 401 else CloseCode.FORBIDDEN
-                raise ConnectionRejected(code, f"HTTP {status} from {self.url}") from None
-            raise HubUnreachable(f"{self.url} is not an agui-hub gateway: {exc}") from None
+            raise self._refusal(exc, token) from None
         except InvalidURI as exc:
             raise HubUnreachable(f"not a WebSocket URL: {exc}") from None
         except (OSError, TimeoutError, InvalidHandshake) as exc:
@@ -871,7 +1157,51 @@ class HubClient:
         if ws.subprotocol != subprotocol:
             await ws.close()
             raise HubUnreachable(f"{self.url} did not accept the {subprotocol} subprotocol")
+        self._adopt(token)
         return ws
+
+    def _refusal(self, exc: InvalidStatus, token: str | None) -> AguiHubError:
+        """What a handshake answered with another HTTP status than 101 raises."""
+        response = exc.response
+        status = response.status_code
+        body = bytes(response.body or b"").decode("utf-8", "replace").strip()
+        if token is not None:
+            body = body.replace(token, "[token]")  # a gateway that echoes it: not in messages
+        why = " ".join(body.split())[:300] or response.reason_phrase
+        if status in (429, 503):
+            retry_after = 0.0
+            with contextlib.suppress(TypeError, ValueError):
+                retry_after = float(response.headers.get("Retry-After", "0"))
+            if not math.isfinite(retry_after) or retry_after < 0:
+                retry_after = 0.0
+            what = "has too many connections from this address" if status == 429 else (
+                "is full or draining")  # fmt: skip
+            return _GatewayBusy(
+                f"{self.url} {what} (HTTP {status}: {why}); try again "
+                f"{f'in {retry_after:g} s' if retry_after else 'later'}",
+                min(retry_after, MAX_RETRY_AFTER),
+            )
+        if status in (401, 403):
+            code = CloseCode.UNAUTHORIZED if status == 401 else CloseCode.FORBIDDEN
+            error = ConnectionRejected(code, why)
+            if status == 403:
+                message = (
+                    f"the gateway refused the connection (HTTP 403: {why}): the credentials "
+                    "were revoked or this Origin is not allowed; do not retry with them"
+                )
+            elif token is None:
+                message = (
+                    f"the gateway requires a token (HTTP 401: {why}); pass token= to the "
+                    "client (a JWT, or a callable that returns one)"
+                )
+            else:
+                message = (
+                    f"the gateway refused the token (HTTP 401: {why}); get a new token, or "
+                    "pass token= a callable that returns a fresh one"
+                )
+            error.args = (message,)
+            return error
+        return HubUnreachable(f"{self.url} is not an agui-hub gateway: {exc}")
 
     async def _manage(self, ws: ClientConnection) -> None:
         """Serve the connection; when it drops, reconnect and resubscribe, until closed."""
@@ -893,8 +1223,11 @@ class HubClient:
                 self._fail_pending(_ConnectionLost(f"connection closed ({code})"))
                 if self.state is ClientState.CLOSED:
                     return
-                if code in NO_RESUME:
-                    self._fail_all(ConnectionRejected(code, self._close_reason))
+                if code in NO_RESUME and not (
+                    code == CloseCode.UNAUTHORIZED and self._provider is not None
+                ):
+                    # (With a provider, 4401 means: connect again with a new token.)
+                    self._fail_all(self._rejected(code))
                     return
                 if self._closed_here:
                     self._fail_all(self._unreadable_frame(code))
@@ -917,6 +1250,23 @@ class HubClient:
         except Exception as exc:  # a bug: do not leave consumers waiting forever
             log.exception("agui-hub client: connection manager failed")
             self._fail_all(ClientError(f"the client failed: {exc!r}"))
+
+    def _rejected(self, code: int) -> ConnectionRejected:
+        """The gateway closed the connection with a code that forbids reconnecting."""
+        error = ConnectionRejected(code, self._close_reason)
+        reason = f" ({self._close_reason})" if self._close_reason else ""
+        if code == CloseCode.UNAUTHORIZED:
+            error.args = (
+                f"the gateway closed the connection with 4401{reason}: its credentials "
+                "expired (or never came); pass token= a callable that returns fresh "
+                "tokens, so that the client renews them and reconnects by itself",
+            )
+        elif code == CloseCode.FORBIDDEN:
+            error.args = (
+                f"the gateway closed the connection with 4403{reason}: its credentials "
+                "were revoked; do not reconnect with them",
+            )
+        return error
 
     def _refused_frame(self, code: int, name: str) -> CommandRejected:
         """What a command in flight gets when the gateway closed with a CLIENT_FAULTS code."""
@@ -964,6 +1314,8 @@ class HubClient:
         loop = asyncio.get_running_loop()
         lost_at = loop.time()
         backoff = self._backoff  # grows over connections until one proves healthy
+        not_before = 0.0  # a busy gateway's Retry-After: not even a command cuts it short
+        refused = False  # a 401 to the provider's last token
         while True:
             delay = backoff.next_delay()
             if self.give_up_after is not None:
@@ -973,15 +1325,36 @@ class HubClient:
                         f"no connection to {self.url} for {self.give_up_after:g} s; gave up"
                     )
                 delay = min(delay, left)
+                not_before = min(not_before, lost_at + self.give_up_after)
+            if not_before > loop.time():
+                await asyncio.sleep(not_before - loop.time())
             # A command waiting for the connection cuts the pause short: backoff
             # spares a gateway that nobody needs right now, not one that is wanted.
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), delay)
             try:
-                return await self._open()
+                token = await self._token_now()
+            except Exception as exc:  # the provider's: it may work next time
+                log.warning("agui-hub client: the token provider failed: %s", _describe(exc))
+                continue
+            try:
+                return await self._open(token)
+            except _GatewayBusy as exc:
+                # The gateway named the earliest retry that can succeed.
+                pause = exc.retry_after
+                not_before = loop.time() + pause + random.uniform(0, 0.1 + 0.1 * pause)
+                log.info("agui-hub client: reconnecting to %s: %s", self.url, exc)
             except HubUnreachable as exc:
                 log.info("agui-hub client: reconnecting to %s: %s", self.url, exc)
+            except ConnectionRejected as exc:
+                # A provider's token may have expired on its way here: one more, fresh
+                # one. A second 401 in a row is the provider's problem, not a race.
+                if exc.close_code != CloseCode.UNAUTHORIZED or self._provider is None or refused:
+                    raise
+                refused = True
+                log.warning("agui-hub client: reconnecting to %s: %s; asking the token "
+                            "provider for another token", self.url, exc)  # fmt: skip
 
     async def _serve(self, ws: ClientConnection) -> None:
         """Resubscribe every thread, then dispatch frames until the connection closes."""
@@ -1053,30 +1426,61 @@ class HubClient:
         future = self._pending.get(command_id)  # type: ignore[arg-type]
         if future is not None and not future.done():
             index = frame.get("index")
-            future.set_exception(
-                from_error_frame(code, message, thread, index if type(index) is int else None)
-            )
+            error = from_error_frame(code, message, thread, index if type(index) is int else None)
+            if isinstance(error, RateLimited):
+                error.retry_after = _retry_after(frame)
+            future.set_exception(error)
             return
         if sub is not None and command_id is not None and command_id == sub._awaiting:
             if code == "store_unavailable":
                 # Not the subscription's fault: ask again after a pause.
                 self._spawn(self._retry_subscribe(sub))
                 return
+            if code == "rate_limited":
+                # Not carried out: the same subscribe again once the gateway allows it.
+                wait = _retry_after(frame)
+                self._spawn(self._retry_subscribe(sub, wait + random.uniform(0, 0.05 + 0.2 * wait)))
+                return
+            sub._fail(CommandRejected(code, message, thread))
+            self._subs.pop(sub.thread, None)
+            return
+        if sub is None and thread is not None and command_id is not None:
+            if code == "rate_limited":
+                # An unsubscribe the gateway did not carry out: the gateway would keep
+                # sending the thread's frames (dropped here), so send it again.
+                self._spawn(self._retry_unsubscribe(thread, _retry_after(frame)))
+                return
+            if code == "not_subscribed":
+                return  # an unsubscribe the gateway had done already (a retried one)
+        if command_id is None and code == "forbidden" and sub is not None:
+            # The gateway ended the subscription: the connection's grants (after a
+            # refresh) no longer cover the thread. Not resubscribed on reconnect.
             sub._fail(CommandRejected(code, message, thread))
             self._subs.pop(sub.thread, None)
             return
         log.warning("agui-hub client: error from the gateway: %s %s", code, message)
 
-    async def _retry_subscribe(self, sub: Subscription) -> None:
-        # Doubling pauses from ~1 s up to backoff_max while the store stays away.
-        low = self.backoff_min
-        cap = max(low, min(self.backoff_max, max(low, 1.0) * 2 ** min(sub._retries, 30)))
-        sub._retries += 1
-        await asyncio.sleep(random.uniform(low, cap))
+    async def _retry_subscribe(self, sub: Subscription, delay: float | None = None) -> None:
+        if delay is None:
+            # Doubling pauses from ~1 s up to backoff_max while the store stays away.
+            low = self.backoff_min
+            cap = max(low, min(self.backoff_max, max(low, 1.0) * 2 ** min(sub._retries, 30)))
+            sub._retries += 1
+            delay = random.uniform(low, cap)
+        await asyncio.sleep(delay)
         self._resubscribe(sub)
+
+    async def _retry_unsubscribe(self, thread: str, wait: float) -> None:
+        await asyncio.sleep(wait + random.uniform(0, 0.05 + 0.2 * wait))
+        ws = self._ws
+        if thread not in self._subs and self._connected.is_set() and ws is not None:
+            command = {"type": "unsubscribe", "id": next(self._ids), "thread": thread}
+            await self._send(ws, command)
 
     def _fail_all(self, error: AguiHubError) -> None:
         self._failure = error
+        if self._refresher is not None:
+            self._refresher.cancel()
         self._connected.clear()
         self._stopped.set()
         self._fail_pending(error)

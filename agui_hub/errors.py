@@ -15,7 +15,12 @@ the gateway puts into its error frames, and a message a person can act on.
         ├── SequenceError             a valid event in an order the protocol forbids
         │   └── ChunkError            a *_CHUNK event that cannot be expanded
         ├── PatchError                a JSON Patch that cannot be applied
-        └── LimitExceeded             an event would push the thread's state past a limit
+        ├── LimitExceeded             an event would push the thread's state past a limit
+        ├── RateLimited               a connection sent more than its limit per second
+        └── TooManyThreads            a new thread would pass its tenant's thread quota
+    └── AuthError                     who the peer is, or what it may do, says no
+        ├── Unauthorized              no valid credentials: missing, malformed, expired token
+        └── Forbidden                 valid credentials that do not grant this action here
     └── StoreError                    the thread store could not do what was asked
         ├── StoreUnavailable          the backend (Redis) cannot be reached; retry
         ├── InvalidOffset             not an offset of the form "<ms>-<seq>"
@@ -179,6 +184,57 @@ class LimitExceeded(ProtocolError):
         super().__init__(message)
 
 
+class RateLimited(ProtocolError):
+    """A connection sent more commands or events per second than the gateway allows.
+
+    Nothing of the command was carried out. Wait :attr:`retry_after` seconds
+    and send it again (a publish with the same event ids stores nothing
+    twice), or ask the operator for a higher limit
+    (``--max-commands-per-second``, ``--max-events-per-second``).
+    """
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class TooManyThreads(ProtocolError):
+    """A publish would create a thread past its tenant's quota of threads.
+
+    The tenant is the part of the thread id before its first ``/``
+    (``tenant-42/run-1`` belongs to ``tenant-42``). Nothing was stored:
+    delete threads of the tenant, let idle ones expire (the store's ``ttl``),
+    or raise the store's ``max_tenant_threads``.
+    """
+
+    code = "too_many_threads"
+
+
+class AuthError(AguiHubError):
+    """Who the peer is, or what it may do, stops the request."""
+
+    code = "auth_error"
+
+
+class Unauthorized(AuthError):
+    """No valid credentials: the token is missing, malformed, badly signed, expired,
+    for another audience or issuer, or revoked. Get a new token and connect again
+    (or send it in an ``auth`` command)."""
+
+    code = "unauthorized"
+
+
+class Forbidden(AuthError):
+    """Valid credentials that do not grant this action on this thread.
+
+    Ask whoever issues the tokens for a grant (see docs/security.md).
+    """
+
+    code = "forbidden"
+
+
 class StoreError(AguiHubError):
     """The thread store could not do what was asked."""
 
@@ -335,7 +391,8 @@ def from_error_frame(
     """The exception that a gateway error frame stands for, with the gateway's message.
 
     ``invalid_event``, ``sequence_error``, ``chunk_error``, ``patch_error``,
-    ``limit_exceeded``, ``payload_too_large`` and ``store_unavailable`` give
+    ``limit_exceeded``, ``payload_too_large``, ``rate_limited``,
+    ``too_many_threads`` and ``store_unavailable`` give
     the classes a local publish raises; any other code gives :class:`CommandRejected`. *index*
     (the frame's ``index``) becomes :attr:`ProtocolError.index`.
     """
@@ -360,6 +417,10 @@ def from_error_frame(
         exc = LimitExceeded(message, limit="", value=0)
     elif code == "store_unavailable":
         exc = StoreUnavailable(message)
+    elif code == "rate_limited":
+        exc = RateLimited(message)
+    elif code == "too_many_threads":
+        exc = TooManyThreads(message)
     else:
         exc = CommandRejected(code, message, thread)
     if isinstance(exc, ProtocolError):

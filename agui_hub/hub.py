@@ -67,7 +67,7 @@ from .protocol import (
 )
 from .reducer import StateLimits, ThreadState
 from .store import Checkpoint, Entry, FeedSubscription, ThreadStore
-from .writer import ThreadWriter
+from .writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
 
 __all__ = ["Hub", "Phase", "Subscriber", "ThreadChannel"]
 
@@ -803,14 +803,21 @@ class Hub:
     """All live threads of this process, over one store.
 
     *limits* bound the folded state of each thread, in the channels (for
-    snapshots) and in the writer (which refuses events past them).
+    snapshots) and in the writer (which refuses events past them);
+    *max_event_bytes* the size of each published event.
     """
 
-    def __init__(self, store: ThreadStore, *, limits: StateLimits | None = None) -> None:
+    def __init__(
+        self,
+        store: ThreadStore,
+        *,
+        limits: StateLimits | None = None,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
         self.store = store
         self.limits = limits or StateLimits()
         self.channels: dict[str, ThreadChannel] = {}
-        self.writer = ThreadWriter(store, limits=self.limits)
+        self.writer = ThreadWriter(store, limits=self.limits, max_event_bytes=max_event_bytes)
         self._closing: set[asyncio.Future[None]] = set()
 
     async def subscribe(

@@ -4,7 +4,8 @@ It is also the reference implementation of :class:`~agui_hub.store.ThreadStore`:
 the contract tests run against it and against Redis with the same
 expectations. Offsets are made like Redis stream ids (``"<ms>-<seq>"``, strictly
 growing even when the clock steps back), every thread gets a random epoch when
-it is created, and retention trims by length, by age and expires idle threads.
+it is created, and retention trims by length, by age and by bytes, expires
+idle threads and bounds the threads of each tenant.
 
 Everything lives in this process: events are gone when it exits, and another
 process cannot see them. Use Redis to share threads between gateways.
@@ -33,6 +34,8 @@ from .store import (
     check_thread,
     encode_event_data,
     offset_key,
+    tenant_of,
+    too_many_threads,
 )
 
 __all__ = ["MemoryStore"]
@@ -54,6 +57,8 @@ class _Thread:
     trimmed: Offset | None = None
     touched: float = 0.0
     checkpoint: Checkpoint | None = None
+    bytes: int = 0
+    """Sum of ``len(entry.data)`` over ``entries``."""
 
 
 class MemoryStore:
@@ -69,6 +74,8 @@ class MemoryStore:
         self.retention = retention or Retention()
         self._clock = clock
         self._threads: dict[str, _Thread] = {}
+        self._tenants: dict[str, set[str]] = {}
+        """Tenant -> its threads (expired ones included until looked at)."""
         self._subs: dict[str, set[FeedSubscription]] = {}
         self._max_pending = max_pending_bytes
 
@@ -81,26 +88,58 @@ class MemoryStore:
             and self.retention.ttl
             and (self._clock() - state.touched > self.retention.ttl)
         ):
-            del self._threads[thread]  # idle past its TTL: expired whole
+            self._drop(thread)  # idle past its TTL: expired whole
             return None
         return state
+
+    def _drop(self, thread: str) -> None:
+        del self._threads[thread]
+        tenant = tenant_of(thread)
+        members = self._tenants.get(tenant)
+        if members is not None:
+            members.discard(thread)
+            if not members:
+                del self._tenants[tenant]
+
+    def _check_quota(self, thread: str) -> None:
+        """Raise TooManyThreads if creating *thread* would pass its tenant's quota."""
+        limit = self.retention.max_tenant_threads
+        if not limit:
+            return
+        tenant = tenant_of(thread)
+        members = self._tenants.get(tenant, set())
+        if len(members) >= limit:
+            for other in list(members):
+                self._get(other)  # forgets it if it expired meanwhile
+            if len(members) >= limit:
+                raise too_many_threads(thread, tenant, limit)
 
     def _next_key(self, state: _Thread) -> tuple[int, int]:
         ms = int(self._clock() * 1000)
         last_ms, last_seq = state.last
         return (ms, 0) if ms > last_ms else (last_ms, last_seq + 1)
 
-    def _trim(self, state: _Thread) -> None:
+    def _trim(self, state: _Thread, added: int) -> None:
+        """Apply retention after an append of *added* entries (the newest ones)."""
+        r = self.retention
         cut = 0
-        if self.retention.max_len and len(state.entries) > self.retention.max_len:
-            cut = len(state.entries) - self.retention.max_len
-        if self.retention.max_age:
-            oldest_ms = int((self._clock() - self.retention.max_age) * 1000)
+        if r.max_len and len(state.entries) > r.max_len:
+            cut = len(state.entries) - r.max_len
+        if r.max_age:
+            oldest_ms = int((self._clock() - r.max_age) * 1000)
             cut = max(cut, bisect.bisect_left(state.keys, (oldest_ms, 0)))
+        removed = sum(len(entry.data) for entry in state.entries[:cut])
+        if r.max_bytes:
+            # Oldest first, down to max_bytes, but never the entries just added.
+            keep_from = len(state.entries) - added
+            while state.bytes - removed > r.max_bytes and cut < keep_from:
+                removed += len(state.entries[cut].data)
+                cut += 1
         if cut:
             for entry in state.entries[:cut]:
                 state.ids.pop(entry.event_id, None)
             state.trimmed = state.entries[cut - 1].offset
+            state.bytes -= removed
             del state.entries[:cut]
             del state.keys[:cut]
 
@@ -121,7 +160,9 @@ class MemoryStore:
         ):
             raise AppendConflict(thread)
         if state is None:
+            self._check_quota(thread)
             state = self._threads[thread] = _Thread(epoch=new_epoch())
+            self._tenants.setdefault(tenant_of(thread), set()).add(thread)
         offsets: list[Offset] = []
         added: list[Entry] = []
         for item, data in zip(events, encoded, strict=True):
@@ -139,10 +180,11 @@ class MemoryStore:
             state.keys.append(key)
             state.ids[item.event_id] = offset
             state.last = key
+            state.bytes += len(data)
             offsets.append(offset)
             added.append(entry)
         state.touched = self._clock()
-        self._trim(state)
+        self._trim(state, len(added))
         if added:
             for sub in list(self._subs.get(thread, ())):
                 sub._on_live(added, state.epoch)
@@ -226,6 +268,7 @@ class MemoryStore:
             trimmed=state.trimmed,
             run_id=state.run_id,
             ttl=ttl,
+            bytes=state.bytes,
         )
 
     async def threads(self, limit: int = 1000) -> list[str]:
@@ -236,7 +279,7 @@ class MemoryStore:
         state = self._get(thread)
         if state is None:
             return False
-        del self._threads[thread]
+        self._drop(thread)
         for sub in list(self._subs.get(thread, ())):
             sub._on_live([], None)
         return True

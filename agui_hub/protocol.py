@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -27,6 +27,7 @@ from .offsets import Offset, check_thread, offset_key
 
 __all__ = [
     "SUBPROTOCOLS",
+    "Auth",
     "CloseCode",
     "Command",
     "CommandError",
@@ -75,7 +76,9 @@ class CloseCode(enum.IntEnum):
     """The send queue overflowed: reconnect and resume, nothing is lost."""
     IDLE_TIMEOUT = 4001
     UNAUTHORIZED = 4401
+    """The connection's credentials expired or never came: connect again with a new token."""
     FORBIDDEN = 4403
+    """The connection's credentials were revoked: do not reconnect with them."""
 
     @property
     def resumable(self) -> bool:
@@ -167,7 +170,17 @@ class Ping:
     id: Any
 
 
-Command = Subscribe | Unsubscribe | Publish | Ping
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """Authenticate an open connection, or refresh its credentials before they expire."""
+
+    id: Any
+    token: str = field(repr=False)
+
+
+Command = Subscribe | Unsubscribe | Publish | Ping | Auth
+
+MAX_TOKEN_CHARS = 8192
 
 
 def _command_id(frame: dict[str, Any]) -> Any:
@@ -283,11 +296,20 @@ def parse_command(
         return Publish(command_id, thread, events, ids)
     if kind == "ping":
         return Ping(command_id)
+    if kind == "auth":
+        token = frame.get("token")
+        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
+            raise CommandError(
+                "bad_command",
+                f"token must be a non-empty string of at most {MAX_TOKEN_CHARS} characters",
+                command_id,
+            )
+        return Auth(command_id, token)
     if kind is None:
         raise CommandError("bad_command", "a command needs a type", command_id)
     raise CommandError(
         "unknown_command",
-        f"unknown command {kind!r}: expected subscribe, unsubscribe, publish or ping",
+        f"unknown command {kind!r}: expected subscribe, unsubscribe, publish, ping or auth",
         command_id,
     )
 
@@ -341,19 +363,39 @@ def pong_frame(command_id: Any) -> dict[str, Any]:
     return _with_id({"type": "pong"}, command_id)
 
 
+def authenticated_frame(
+    command_id: Any, subject: str, expires: float | None, grants: dict[str, list[str]]
+) -> dict[str, Any]:
+    """The reply to ``auth``: who the connection now is, until when, and what it may do."""
+    return _with_id(
+        {
+            "type": "authenticated",
+            "subject": subject,
+            "expires": None if expires is None else int(expires),
+            "grants": grants,
+        },
+        command_id,
+    )
+
+
 def error_frame(
     code: str,
     message: str,
     command_id: Any = None,
     thread: str | None = None,
     index: int | None = None,
+    *,
+    retry_after: float | None = None,
 ) -> dict[str, Any]:
-    """An error frame; *index* is the position, in a publish, of the event at fault."""
+    """An error frame; *index* is the position, in a publish, of the event at fault;
+    *retry_after* (``rate_limited``) the seconds to wait before sending it again."""
     frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if thread is not None:
         frame["thread"] = thread
     if index is not None:
         frame["index"] = index
+    if retry_after is not None:
+        frame["retryAfter"] = round(retry_after, 3)
     return _with_id(frame, command_id)
 
 

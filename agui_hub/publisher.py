@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from .client import HubClient
+from .client import HubClient, TokenProvider
 from .codec import Encoding
 from .errors import HubUnreachable, ProtocolError, StoreUnavailable
 from .events import validate_batch
@@ -59,7 +59,10 @@ class Publisher:
     *retry_for* bounds how long one call keeps retrying while the backend is
     unreachable before it raises :class:`~agui_hub.errors.StoreUnavailable`
     or :class:`~agui_hub.errors.HubUnreachable`. *headers* go into a gateway's
-    handshake (e.g. ``Authorization``).
+    handshake. *token* (gateway URLs only; ignored for a store) authenticates
+    the publisher as for :class:`~agui_hub.client.HubClient`: a JWT, or a
+    callable that returns one (sync or async), asked again to renew the
+    credentials before they expire and for each reconnection.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Publisher:
         retry_for: float = 30.0,
         headers: dict[str, str] | None = None,
         encoding: Encoding | str = Encoding.MSGPACK,
+        token: str | TokenProvider | None = None,
     ) -> None:
         self.url = url
         self.sequence = SequenceCheck(sequence)
@@ -79,6 +83,7 @@ class Publisher:
         if self.via_gateway and self.sequence is not SequenceCheck.STRICT:
             raise ValueError("a gateway always checks sequences strictly; use a store URL")
         self._headers = headers
+        self._token = token  # a credential: private, never in a message
         self._encoding = Encoding(encoding)
         self._client: HubClient | None = None
         self._store: ThreadStore | None = None
@@ -100,9 +105,10 @@ class Publisher:
         """Connect to the gateway (a store connects on first use).
 
         Retries for up to *retry_for* seconds while the gateway cannot be
-        reached, then raises :class:`~agui_hub.errors.HubUnreachable`;
-        raises :class:`~agui_hub.errors.ConnectionRejected` at once when the
-        gateway refuses this client.
+        reached or is busy (no sooner than its ``Retry-After``), then raises
+        :class:`~agui_hub.errors.HubUnreachable`; raises
+        :class:`~agui_hub.errors.ConnectionRejected` at once when the gateway
+        refuses this client (HTTP 401 / 403: the message says why).
         """
         if not self.via_gateway or self._client is not None:
             return
@@ -113,14 +119,20 @@ class Publisher:
             # A client that lost its connection reconnects by itself, for ever:
             # each publish is bounded by retry_for instead.
             client = HubClient(
-                self.url, encoding=self._encoding, headers=self._headers, give_up_after=None
+                self.url,
+                encoding=self._encoding,
+                headers=self._headers,
+                give_up_after=None,
+                token=self._token,
             )
             try:
                 await client.connect()
-            except HubUnreachable:
-                if loop.time() + delay > deadline:
+            except HubUnreachable as exc:
+                # A busy gateway (HTTP 429 / 503) says when to come back.
+                pause = max(delay, getattr(exc, "retry_after", 0.0))
+                if loop.time() + pause > deadline:
                     raise
-                await asyncio.sleep(delay)
+                await asyncio.sleep(pause)
                 delay = min(delay * 2, 2.0)
                 continue
             self._client = client

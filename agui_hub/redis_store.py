@@ -6,9 +6,11 @@ prefix)::
 
     agui:{<thread>}:events   stream: one entry per event (see the entry format below)
     agui:{<thread>}:meta     hash: epoch, run (current run id), trimmed (last trimmed
-                             offset), last (last offset appended), ids ("1": ids kept)
+                             offset), last (last offset appended), ids ("1": ids kept),
+                             bytes (sum of the stored entries' event payload sizes)
     agui:{<thread>}:ids      hash: event id -> offset, for idempotent publishing
     agui:{<thread>}:notify   pub/sub channel: "new entries", the last offset as payload
+    agui:tenant:{<tenant>}   set: the tenant's threads (only with max_tenant_threads)
 
 Entry format (fields of each stream entry, values are bytes):
 
@@ -18,8 +20,9 @@ Entry format (fields of each stream entry, values are bytes):
     type    the event type, e.g. TEXT_MESSAGE_CONTENT
 
 Publishing (:meth:`RedisStore.append`) is one Lua script: it checks each event
-id, appends, creates the epoch if the thread is new, trims by length and age,
-refreshes the idle TTL and notifies live readers, atomically. A retried call
+id, appends, creates the epoch if the thread is new (within its tenant's quota of
+threads), trims by length, age and bytes, refreshes the idle TTL and notifies
+live readers, atomically. A retried call
 with the same event ids returns the original offsets and appends nothing, so
 redis-py's automatic retries cannot duplicate an event. A conditional append
 (``expect``) first checks, in the same script, that the epoch is the expected
@@ -64,8 +67,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import AppendConflict, OffsetExpired, StoreError, StoreUnavailable
+from .errors import (
+    AppendConflict,
+    OffsetExpired,
+    StoreError,
+    StoreUnavailable,
+    TooManyThreads,
+)
 from .store import (
+    _OWN_OPTIONS,
     DEFAULT_OP_TIMEOUT,
     DEFAULT_OUTAGE_GRACE,
     PAGE_SIZE,
@@ -84,6 +94,8 @@ from .store import (
     encode_event_data,
     offset_key,
     redact_url,
+    tenant_of,
+    too_many_threads,
 )
 
 __all__ = ["RedisStore"]
@@ -115,6 +127,11 @@ def notify_channel(prefix: str, thread: str) -> str:
     return f"{prefix}:{{{thread}}}:notify"
 
 
+def tenant_key(prefix: str, tenant: str) -> str:
+    """The set of *tenant*'s thread ids (see :func:`~agui_hub.store.tenant_of`)."""
+    return f"{prefix}:tenant:{{{tenant}}}"
+
+
 # -- scripts -----------------------------------------------------------------------------
 
 # Offsets compared in Lua: as decimal strings (no leading zeros; Python normalises
@@ -134,13 +151,15 @@ local function cmp(a, b)
 end
 """
 
-# KEYS: stream, meta, ids, checkpoint
+# KEYS: stream, meta, ids, checkpoint, tenant (the set of the tenant's threads)
 # ARGV: epoch candidate, max_len, max_age_ms, ttl_ms, channel, n,
 #       expected after ("" appends unconditionally), expected epoch ("" for none),
-#       ids rebuild limit, then n times: event id, run id, type, msgpack payload
-# Returns: {epoch, {offset per event}, status}, or {"conflict", status} when the
-# expectation fails. status: "" or why the thread got a new epoch / was repaired
-# ("stream_lost", "ids_lost", "rewound", "ids_rebuilt").
+#       ids rebuild limit, max_bytes, max_tenant_threads, thread id, key prefix,
+#       then n times: event id, run id, type, msgpack payload
+# Returns: {epoch, {offset per event}, status}, {"conflict", status} when the
+# expectation fails, or {"too_many_threads", status} when the append would create
+# a thread past its tenant's quota. status: "" or why the thread got a new epoch
+# / was repaired ("stream_lost", "ids_lost", "rewound", "ids_rebuilt").
 APPEND_SCRIPT = (
     _LUA_CMP
     + """
@@ -149,11 +168,28 @@ local max_len, max_age_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumb
 local channel, n = ARGV[5], tonumber(ARGV[6])
 local expect_after, expect_epoch = ARGV[7], ARGV[8]
 local rebuild_limit = tonumber(ARGV[9])
-local FIRST = 10
+local max_bytes, max_threads = tonumber(ARGV[10]), tonumber(ARGV[11])
+local thread, prefix = ARGV[12], ARGV[13]
+local tenant = KEYS[5]
+local FIRST = 14
 
-local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids')
+local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids', 'bytes')
 local epoch, run, last, trimmed, has_ids = state[1], state[2] or '', state[3], state[4], state[5]
+-- Bytes of the stored entries' payloads. Kept in a local and written once at
+-- the end: the common append costs one HSET more, whatever it trims.
+local has_bytes = state[6]
+local total = tonumber(state[6]) or 0
+local stored_total = total
 local status = ''
+
+-- The size of an entry's event payload (what max_bytes counts).
+local function payload_size(fields)
+  if fields[1] == 'event' then return #fields[2] end  -- the layout this script writes
+  for j = 1, #fields, 2 do
+    if fields[j] == 'event' then return #fields[j + 1] end
+  end
+  return 0
+end
 
 -- A rewind (what readers saw is no longer stored, under the same epoch) becomes
 -- a new epoch, so that every reader resyncs instead of silently diverging.
@@ -182,9 +218,10 @@ if epoch then
     if not present then
       -- The newest entry appended here is gone: the stream was evicted (and
       -- maybe re-created by a plain XADD). Its ids and trim mark go with it.
-      redis.call('HDEL', meta, 'trimmed', 'last', 'ids')
+      redis.call('HDEL', meta, 'trimmed', 'last', 'ids', 'bytes')
       redis.call('DEL', ids)
       trimmed, last, has_ids = false, false, false
+      total, stored_total, has_bytes = 0, 0, false
       new_epoch('stream_lost')
     end
   end
@@ -231,12 +268,49 @@ if expect_after ~= '' then
     return {'conflict', status}
   end
 end
+-- The tenant's quota of threads, checked only when this append creates the
+-- thread (no epoch) or re-creates its stream (no entry appended in this
+-- epoch): an append to a thread with entries is never refused.
+if max_threads > 0 and (not epoch or not last)
+    and redis.call('SISMEMBER', tenant, thread) == 0 then
+  if redis.call('SCARD', tenant) >= max_threads then
+    -- At the limit: first forget the threads that are gone (expired by their
+    -- ttl, deleted). The set holds about max_threads ids: bounded work, and
+    -- only on this rare path.
+    for _, member in ipairs(redis.call('SMEMBERS', tenant)) do
+      if redis.call('EXISTS', prefix .. ':{' .. member .. '}:events') == 0 then
+        redis.call('SREM', tenant, member)
+      end
+    end
+    if redis.call('SCARD', tenant) >= max_threads then
+      return {'too_many_threads', status}
+    end
+  end
+  redis.call('SADD', tenant, thread)
+end
+
+if epoch and not has_bytes then
+  -- A thread stored before the byte total was kept, created by a plain XADD,
+  -- or whose stream was lost: count what its stream holds, once (up to the
+  -- same bound as the ids rebuild; a longer stream counts from 0).
+  total, stored_total = 0, -1
+  if redis.call('XLEN', stream) <= rebuild_limit then
+    local from = '-'
+    while true do
+      local page = redis.call('XRANGE', stream, from, '+', 'COUNT', 1000)
+      for _, entry in ipairs(page) do total = total + payload_size(entry[2]) end
+      if #page < 1000 then break end
+      from = '(' .. page[#page][1]
+    end
+  end
+end
+
 if not epoch then
   epoch = ARGV[1]
   redis.call('HSET', meta, 'epoch', epoch)
 end
 
-local offsets, added, newest = {}, 0, nil
+local offsets, added, newest, first_new = {}, 0, nil, nil
 for i = 0, n - 1 do
   local base = FIRST + i * 4
   local event_id, run_id = ARGV[base], ARGV[base + 1]
@@ -255,7 +329,9 @@ for i = 0, n - 1 do
     redis.call('HSET', ids, event_id, offset)
     offsets[#offsets + 1] = offset
     newest = offset
+    first_new = first_new or offset
     added = added + 1
+    total = total + #payload
   end
 end
 if newest then
@@ -263,10 +339,12 @@ if newest then
   redis.call('HSET', meta, 'last', newest, 'ids', '1')
 end
 
--- Retention: forget the ids of trimmed entries, remember the last trimmed offset.
+-- Retention: forget the ids of trimmed entries, remember the last trimmed offset,
+-- take their payloads off the total.
 local function forget(entries)
   for _, entry in ipairs(entries) do
     local fields = entry[2]
+    total = total - payload_size(fields)
     for j = 1, #fields, 2 do
       if fields[j] == 'id' then
         redis.call('HDEL', ids, fields[j + 1])
@@ -297,6 +375,41 @@ if max_age_ms > 0 then
     local next_id = last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1)
     redis.call('XTRIM', stream, 'MINID', next_id)
   end
+end
+if max_bytes > 0 and total > max_bytes then
+  -- Oldest first until the total fits, never an entry of this append (one
+  -- larger than max_bytes on its own is kept). Pages grow from 1 entry (the
+  -- common case: one old entry makes room) to BYTES_PAGE, so that little is
+  -- read beyond what is trimmed; at most 1024 entries are read per call
+  -- (Redis is not blocked long), later appends go on where this one stopped.
+  local BYTES_PAGE, budget, size = 256, 1024, 1
+  while total > max_bytes and budget > 0 do
+    local count = math.min(size, budget)
+    local page = redis.call('XRANGE', stream, '-', '+', 'COUNT', count)
+    budget = budget - #page
+    local cut, left, done = {}, total, #page < count
+    for _, entry in ipairs(page) do
+      if left <= max_bytes or (first_new and cmp(entry[1], first_new) >= 0) then
+        done = true
+        break
+      end
+      cut[#cut + 1] = entry
+      left = left - payload_size(entry[2])
+    end
+    if #cut > 0 then
+      forget(cut)  -- takes their payloads off `total`
+      -- Exactly the entries read: the oldest #cut of the stream.
+      redis.call('XTRIM', stream, 'MAXLEN', redis.call('XLEN', stream) - #cut)
+    end
+    if done then break end
+    size = math.min(size * 2, BYTES_PAGE)
+  end
+end
+-- Entries written with a plain XADD since the thread was counted are taken off
+-- when trimmed, never added: the total never goes below 0.
+if total < 0 then total = 0 end
+if total ~= stored_total then
+  redis.call('HSET', meta, 'bytes', string.format('%d', total))
 end
 
 if ttl_ms > 0 then
@@ -334,7 +447,9 @@ return {ARGV[3], 1}
 
 IDS_REBUILD_LIMIT = 100_000
 """Streams up to this long get their evicted ids hash rebuilt by the append
-script; a longer one gets a new epoch instead (a rebuild would block Redis)."""
+script; a longer one gets a new epoch instead (a rebuild would block Redis).
+The same bound applies to counting the payload bytes of a stream that has no
+byte total yet (written before it was kept, or by a plain XADD)."""
 
 
 # KEYS: checkpoint, meta; ARGV: offset, epoch, events, complete, ttl_ms.
@@ -965,7 +1080,7 @@ class RedisStore:
         parts = urlsplit(url)
         names = list(parse_qs(parts.query, keep_blank_values=True))
         for name in names:
-            if name in ("prefix", "max_len", "max_age", "ttl", "op_timeout", "outage_grace"):
+            if name in _OWN_OPTIONS:
                 raise ValueError(
                     f"{name!r} in the URL of RedisStore({self.url!r}): pass it as an "
                     "argument, or open the store with open_store(url)"
@@ -1115,6 +1230,10 @@ class RedisStore:
                     if reply and reply[0] == b"conflict":
                         status = reply[1] if len(reply) > 1 else b""
                         reply = AppendConflict(thread)
+                    elif reply and reply[0] == b"too_many_threads":
+                        status = reply[1] if len(reply) > 1 else b""
+                        limit = self.retention.max_tenant_threads
+                        reply = too_many_threads(thread, tenant_of(thread), limit)
                     elif len(reply) > 2:
                         status = reply[2]
                 if status:
@@ -1127,7 +1246,7 @@ class RedisStore:
                     )
                 if isinstance(reply, Exception):
                     failure = reply
-                    if not error and not isinstance(reply, AppendConflict):
+                    if not error and not isinstance(reply, (AppendConflict, TooManyThreads)):
                         failure = StoreError(f"append failed: {reply}")
                     for queued in members:
                         if not queued.done.done():
@@ -1160,6 +1279,10 @@ class RedisStore:
                     "" if expect is None else expect.after,
                     "" if expect is None or expect.epoch is None else expect.epoch,
                     IDS_REBUILD_LIMIT,
+                    r.max_bytes,
+                    r.max_tenant_threads,
+                    thread,
+                    self.prefix,
                 ]
                 for member in members:
                     args += member.quads
@@ -1168,6 +1291,7 @@ class RedisStore:
                     meta_key(self.prefix, thread),
                     ids_key(self.prefix, thread),
                     checkpoint_key(self.prefix, thread),
+                    tenant_key(self.prefix, tenant_of(thread)),
                 ]
                 calls.append((len(keys), *keys, *args))
             if len(calls) == 1:
@@ -1347,9 +1471,9 @@ class RedisStore:
         pipe.xlen(stream)
         pipe.xrange(stream, count=1)
         pipe.xrevrange(stream, count=1)
-        pipe.hmget(meta_key(self.prefix, thread), ["run", "trimmed"])
+        pipe.hmget(meta_key(self.prefix, thread), ["run", "trimmed", "bytes"])
         pipe.pttl(stream)
-        length, first, last, (run, trimmed), pttl = await self._call(pipe.execute())
+        length, first, last, (run, trimmed, size), pttl = await self._call(pipe.execute())
         return ThreadInfo(
             thread=thread,
             epoch=epoch,
@@ -1359,6 +1483,7 @@ class RedisStore:
             trimmed=_text(trimmed) if trimmed else None,
             run_id=_text(run) if run else None,
             ttl=pttl / 1000 if pttl and pttl > 0 else None,
+            bytes=int(size) if size else 0,
         )
 
     async def threads(self, limit: int = 1000) -> list[str]:
@@ -1384,7 +1509,12 @@ class RedisStore:
             ids_key(self.prefix, thread),
             checkpoint_key(self.prefix, thread),
         ]
-        removed = await self._call(self._client.delete(*keys))
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(*keys)
+        # Its slot in the tenant's quota is free at once (also when the quota
+        # is off: a set left from when it was on must not count it).
+        pipe.srem(tenant_key(self.prefix, tenant_of(thread)), thread)
+        removed, _ = await self._call(pipe.execute())
         # Tell live readers, so their subscribers learn of the reset now.
         await self._call(self._client.publish(notify_channel(self.prefix, thread), "deleted"))
         return bool(removed)
@@ -1487,7 +1617,8 @@ def durability_problems(settings: dict[str, str], where: str, *, uses_ttl: bool)
     elif policy.startswith("volatile-") and uses_ttl:
         warnings.append(
             f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory}) and the "
-            "store gives threads a ttl, which makes their keys evictable; set "
-            "maxmemory-policy noeviction, or drop the store's ttl option."
+            "store gives threads a ttl (7 days unless set), which makes their keys "
+            "evictable; set maxmemory-policy noeviction, or the store's ttl option to 0 "
+            "(threads then never expire)."
         )
     return warnings

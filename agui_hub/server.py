@@ -6,9 +6,12 @@ server. Per connection: one task reads and handles commands in order, one
 task writes the bounded send queue to the socket. Plain HTTP on the same port
 answers ``/healthz`` and ``/readyz``.
 
-Every connection, subscribe and publish passes through one authorisation
-decision, :meth:`Authorizer.authorize` (who, which action, which thread); the
-default allows everything.
+Every connection has an :class:`~agui_hub.auth.Identity` (from its
+handshake's token, an ``auth`` command, or anonymous access where that is
+on); every subscribe and publish is checked against its grants, and a
+subscription ends when its grant does. Connections, commands and events are
+counted against the limits of :class:`GatewayConfig`. docs/security.md has
+the threat model.
 """
 
 from __future__ import annotations
@@ -18,22 +21,55 @@ import contextlib
 import enum
 import http
 import logging
-import os
 import signal
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import ssl
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from .codec import DEFAULT_MAX_SIZE, Encoding
-from .errors import AguiHubError, ProtocolError, StoreError, StoreUnavailable
+from .auth import (
+    Action,
+    Anonymous,
+    Authenticator,
+    Credentials,
+    Grants,
+    Identity,
+    JWTAuthenticator,
+    TokenSource,
+    credentials_of,
+    scoped_event_id,
+)
+from .codec import Encoding
+from .config import (
+    FD_RESERVE,
+    HANDSHAKE_HEADROOM,
+    SECONDS,
+    GatewayConfig,
+    build_authenticator,
+    is_loopback,
+    open_file_limit,
+    raise_open_file_limit,
+    split_list,
+)
+from .errors import (
+    AguiHubError,
+    Forbidden,
+    ProtocolError,
+    RateLimited,
+    StoreError,
+    StoreUnavailable,
+    Unauthorized,
+)
 from .hub import Hub
 from .protocol import (
     SUBPROTOCOLS,
+    Auth,
     CloseCode,
     Command,
     CommandError,
@@ -41,6 +77,7 @@ from .protocol import (
     Publish,
     Subscribe,
     Unsubscribe,
+    authenticated_frame,
     encode_frame,
     encoding_of,
     error_frame,
@@ -52,105 +89,12 @@ from .protocol import (
 from .reducer import StateLimits
 from .store import ThreadStore, open_store, redact_url
 
-__all__ = ["Action", "AllowAll", "Authorizer", "Gateway", "GatewayConfig", "Principal"]
+__all__ = ["Gateway", "GatewayConfig", "raise_open_file_limit"]
 
 log = logging.getLogger("agui_hub.server")
 
-KIB = 1024
-MIB = 1024 * KIB
-SECONDS = 1.0
-
 STORE_CHECK_TIMEOUT = 2 * SECONDS
 """How long a store check (start-up, ``/readyz``) waits for an answer."""
-
-
-@dataclass
-class GatewayConfig:
-    """Gateway settings; every one can also come from an ``AGUI_HUB_*`` variable."""
-
-    host: str = "127.0.0.1"
-    port: int = 8765
-    store: str = ""
-    """Store URL; empty: the in-process memory store."""
-    max_frame_bytes: int = DEFAULT_MAX_SIZE
-    """Largest client command; a larger one is answered ``payload_too_large``, and a
-    frame over ``FRAME_LIMIT_FACTOR`` times this closes the connection with 1009."""
-    max_subscriptions: int = 1000
-    """Threads one connection may subscribe to at once."""
-    send_queue_bytes: int = 4 * MIB
-    """Unsent bytes per connection: past this, its events come from the store at the
-    pace of its socket instead (see docs/gateway.md, "Slow consumers")."""
-    ping_interval: float | None = 20 * SECONDS
-    ping_timeout: float | None = 20 * SECONDS
-    write_timeout: float | None = None
-    """Seconds a write to a client may wait for its socket before the connection
-    is dropped (a client that stopped reading); default: ``ping_timeout``, or 20."""
-    idle_timeout: float = 300 * SECONDS
-    """A connection with no subscription and no command for this long is closed (4001)."""
-    state_max_bytes: int = 8 * MIB
-    """Largest folded state document of a thread (approximate encoded bytes)."""
-    state_max_depth: int = 64
-    """Deepest nesting of a thread's state document."""
-    require_durable_store: bool = False
-    """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> GatewayConfig:
-        env = os.environ if environ is None else environ
-        config = cls()
-        for name, default in vars(config).items():
-            raw = env.get(f"AGUI_HUB_{name.upper()}")
-            if raw is not None:
-                kind = type(default) if default is not None else float
-                try:
-                    setattr(config, name, _parse_bool(raw) if kind is bool else kind(raw))
-                except ValueError:
-                    raise ValueError(
-                        f"AGUI_HUB_{name.upper()}={raw!r} is not a {kind.__name__}"
-                    ) from None
-        for name, value in overrides.items():
-            if value is not None:
-                setattr(config, name, value)
-        return config
-
-
-def _parse_bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(raw)
-
-
-# -- authorisation seam ---------------------------------------------------------------
-
-
-class Action(enum.StrEnum):
-    CONNECT = "connect"
-    SUBSCRIBE = "subscribe"
-    PUBLISH = "publish"
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is on the other end of a connection, as far as the gateway knows."""
-
-    remote: str
-    headers: Headers = field(repr=False, compare=False)
-
-
-class Authorizer(Protocol):
-    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-        """Whether *principal* may do *action* (on *thread*, for subscribe and publish)."""
-        ...
-
-
-class AllowAll:
-    """The default policy: everyone may do everything."""
-
-    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-        return True
 
 
 # -- connections ------------------------------------------------------------------------------
@@ -223,7 +167,10 @@ class Connection:
     # Slots, and futures made only while somebody waits: an idle connection
     # is a few hundred bytes here, on top of what websockets keeps for it.
     __slots__ = (
+        "_commands",
+        "_deadline",
         "_drain",
+        "_events",
         "_lanes",
         "_queue",
         "_queued_bytes",
@@ -232,20 +179,32 @@ class Connection:
         "_watchdog",
         "encoding",
         "gateway",
-        "principal",
+        "identity",
+        "remote",
         "state",
         "threads",
         "ws",
     )
 
-    def __init__(self, gateway: Gateway, ws: ServerConnection, encoding: Encoding) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        ws: ServerConnection,
+        encoding: Encoding,
+        identity: Identity | None,
+    ) -> None:
         self.gateway = gateway
         self.ws = ws
         self.encoding = encoding
         self.state = ConnectionState.OPEN
-        self.principal = Principal(
-            str(ws.remote_address), ws.request.headers if ws.request else Headers()
-        )
+        self.remote = _address(ws)
+        self.identity = identity
+        """Who it is (``None``: not yet; only ``auth`` and ``ping`` are answered)."""
+        self._deadline: asyncio.TimerHandle | None = None
+        """When its credentials expire (or, without any, when it must have sent ``auth``)."""
+        config = gateway.config
+        self._commands = RateLimit(config.max_commands_per_second)
+        self._events = RateLimit(config.max_events_per_second)
         self.threads: set[str] = set()
         self._queue: deque[bytes | str] = deque()
         self._queued_bytes = 0
@@ -325,7 +284,7 @@ class Connection:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("connection %s: writer failed", self.principal.remote)
+            log.exception("connection %s: writer failed", self.remote)
             self.ws.transport.abort()  # the reader sees the close and cleans up
         finally:
             # However the writer ends (the socket closed, an error), nothing
@@ -381,7 +340,7 @@ class Connection:
             # keepalive ping waits behind it for ever. Drop it; it resumes.
             log.info(
                 "connection %s: no write progress in %.1f s, dropped",
-                self.principal.remote,
+                self.remote,
                 self.gateway.write_timeout,
             )
             self._watchdog = None
@@ -399,6 +358,8 @@ class Connection:
 
         Returns when the command is started (or answered), not when it is
         done; waits first while :data:`MAX_COMMANDS_IN_FLIGHT` are under way.
+        An ``auth`` is carried out before the next frame is read, so the
+        commands after it are judged by the identity it gave.
         """
         gateway = self.gateway
         try:
@@ -406,8 +367,29 @@ class Connection:
         except CommandError as exc:
             self.reply(error_frame(exc.code, str(exc), exc.command_id))
             return
+        # Every frame counts, refused ones included: what a client sends is
+        # bounded in the work it causes, not only in its size.
+        wait = self._commands.take(1)
+        if wait == 0 and isinstance(command, Publish):
+            wait = self._events.take(len(command.events))
+        if wait:
+            self.reply(self._rate_limited(command, wait))
+            return
         if isinstance(command, Ping):
             self.reply(pong_frame(command.id))
+            return
+        if isinstance(command, Auth):
+            await self.authenticate(command)
+            return
+        if self.identity is None:
+            self.reply(
+                error_frame(
+                    "unauthorized",
+                    'authenticate first: send {"type": "auth", "token": "<token>"}',
+                    command.id,
+                    command.thread,
+                )
+            )
             return
         if self._tasks is None:
             self._tasks = set()
@@ -422,6 +404,96 @@ class Connection:
         self._lanes[thread] = task
         task.add_done_callback(self._finished)
 
+    def _rate_limited(self, command: Command, wait: float) -> dict[str, Any]:
+        config = self.gateway.config
+        thread = getattr(command, "thread", None)
+        return error_frame(
+            "rate_limited",
+            f"over this connection's limit of {config.max_commands_per_second:g} commands "
+            f"and {config.max_events_per_second:g} published events per second: send it "
+            f"again in {wait:.3f} s",
+            command.id,
+            thread,
+            retry_after=wait,
+        )
+
+    # Identity -------------------------------------------------------------------------------
+
+    def start_clock(self) -> None:
+        """Arm the deadline of the connection's identity (or of its first ``auth``)."""
+        loop = asyncio.get_running_loop()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        identity = self.identity
+        if identity is None:
+            self._deadline = loop.call_later(
+                self.gateway.config.auth_timeout,
+                self.close_soon,
+                CloseCode.UNAUTHORIZED,
+                "no auth in time: connect with a token, or send auth first",
+            )
+        elif identity.expires is not None:
+            left = identity.expires + self.gateway.config.jwt_leeway - time.time()
+            self._deadline = loop.call_later(
+                max(0.0, left),
+                self.close_soon,
+                CloseCode.UNAUTHORIZED,
+                "token expired: reconnect with a new token (or send auth before it expires)",
+            )
+
+    async def authenticate(self, command: Auth) -> None:
+        """Carry out an ``auth``: take the token's identity, or say why not."""
+        gateway = self.gateway
+        try:
+            identity = await gateway.authenticator.authenticate(
+                Credentials(command.token, TokenSource.FRAME)
+            )
+            current = self.identity
+            if (
+                current is not None
+                and not current.anonymous
+                and (identity.subject != current.subject)
+            ):
+                raise Forbidden(
+                    f"this connection is {current.subject!r}: a new token must be for the "
+                    "same subject (open another connection for another one)"
+                )
+        except AguiHubError as exc:
+            code = exc.code if isinstance(exc, Unauthorized | Forbidden) else "unauthorized"
+            self.reply(error_frame(code, str(exc), command.id))
+            return
+        if self.state is not ConnectionState.OPEN:
+            return
+        self.identity = identity
+        self.start_clock()
+        self.reply(
+            authenticated_frame(
+                command.id,
+                identity.subject,
+                identity.expires,
+                identity.grants.as_json(),
+            )
+        )
+        self.drop_ungranted()
+
+    def drop_ungranted(self) -> None:
+        """End the subscriptions the connection's identity no longer grants."""
+        identity = self.identity
+        for thread in list(self.threads):
+            if identity is None or not identity.allows(Action.SUBSCRIBE, thread):
+                self.gateway.hub.unsubscribe(self, thread)
+                self.threads.discard(thread)
+                self.reply(
+                    error_frame(
+                        "forbidden",
+                        f"subscription to thread {thread!r} ended: this connection's "
+                        "credentials no longer grant it",
+                        None,
+                        thread,
+                    )
+                )
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         if self._tasks is not None:
             self._tasks.discard(task)
@@ -434,7 +506,7 @@ class Connection:
             if isinstance(exc, StoreUnavailable):
                 self.close_soon(CloseCode.TRY_AGAIN_LATER, "store unavailable, resume later")
             else:
-                log.error("connection %s: command failed", self.principal.remote, exc_info=exc)
+                log.error("connection %s: command failed", self.remote, exc_info=exc)
                 self.close_soon(CloseCode.INTERNAL_ERROR, "internal error, resume")
 
     async def _run(self, command: Command, before: asyncio.Task[None] | None) -> None:
@@ -444,6 +516,10 @@ class Connection:
         if self.state is ConnectionState.OPEN:
             await self.handle(command)
 
+    def _allowed(self, action: Action, thread: str) -> bool:
+        identity = self.identity
+        return identity is not None and identity.allows(action, thread)
+
     async def handle(self, command: Command) -> None:
         """Carry out one parsed command. Errors become error frames."""
         gateway = self.gateway
@@ -452,6 +528,8 @@ class Connection:
         try:
             if isinstance(command, Ping):
                 self.reply(pong_frame(command.id))
+            elif isinstance(command, Auth):
+                await self.authenticate(command)
             elif isinstance(command, Subscribe):
                 thread = command.thread
                 await self._subscribe(command)
@@ -471,15 +549,19 @@ class Connection:
                     )
             elif isinstance(command, Publish):
                 thread = command.thread
-                if not await gateway.authorizer.authorize(self.principal, Action.PUBLISH, thread):
-                    self.reply(error_frame("forbidden", "publishing here is not allowed",
-                                           command.id, thread))  # fmt: skip
-                    return
-                offsets = await gateway.hub.publish(thread, command.events, command.event_ids)
+                identity = self.identity
+                if identity is None or not identity.allows(Action.PUBLISH, thread):
+                    raise Forbidden(f"this connection may not publish into thread {thread!r}")
+                ids = command.event_ids
+                if ids is not None:
+                    ids = [scoped_event_id(identity, i) for i in ids]
+                offsets = await gateway.hub.publish(thread, command.events, ids)
                 self.reply(published_frame(command.id, thread, offsets))
         except AguiHubError as exc:
             index = exc.index if isinstance(exc, ProtocolError) else None
-            self.reply(error_frame(exc.code, str(exc), command_id, thread, index))
+            retry = exc.retry_after if isinstance(exc, RateLimited) else None
+            self.reply(error_frame(exc.code, str(exc), command_id, thread, index,
+                                   retry_after=retry))  # fmt: skip
 
     async def _subscribe(self, command: Subscribe) -> None:
         gateway = self.gateway
@@ -488,16 +570,9 @@ class Connection:
             # Subscribing again restarts the subscription from the new position.
             gateway.hub.unsubscribe(self, thread)
             self.threads.discard(thread)
+        if not self._allowed(Action.SUBSCRIBE, thread):
+            raise Forbidden(f"this connection may not read thread {thread!r}")
         if len(self.threads) >= gateway.config.max_subscriptions:
-            self.reply(self._too_many(command.id, thread))
-            return
-        if not await gateway.authorizer.authorize(self.principal, Action.SUBSCRIBE, thread):
-            self.reply(
-                error_frame("forbidden", "subscribing here is not allowed", command.id, thread)
-            )
-            return
-        if len(self.threads) >= gateway.config.max_subscriptions:
-            # Others subscribed while the policy decided: the limit still holds.
             self.reply(self._too_many(command.id, thread))
             return
         self.threads.add(thread)
@@ -511,6 +586,9 @@ class Connection:
             # Gone while it subscribed: forget() ran before the thread was ours.
             gateway.hub.unsubscribe(self, thread)
             self.threads.discard(thread)
+        elif not self._allowed(Action.SUBSCRIBE, thread):
+            # Its credentials changed while it subscribed: the grant is gone.
+            self.drop_ungranted()
 
     def _too_many(self, command_id: Any, thread: str) -> dict[str, Any]:
         limit = self.gateway.config.max_subscriptions
@@ -523,6 +601,9 @@ class Connection:
 
     def forget(self) -> None:
         self.state = ConnectionState.CLOSED
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         _resolve(self._wake)
         _resolve(self._drain)
         for thread in list(self.threads):
@@ -533,20 +614,95 @@ class Connection:
                 task.cancel()
 
 
+class RateLimit:
+    """A token bucket: *rate* per second, a burst of one second's worth.
+
+    A request larger than the bucket (a publish of many events under a low
+    limit) is let through when the bucket is not empty and leaves it in
+    debt, so the average rate still holds and no request is refused for ever.
+    """
+
+    __slots__ = ("_at", "_tokens", "rate")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._tokens = rate
+        self._at = time.monotonic()
+
+    def take(self, count: int) -> float:
+        """Take *count* tokens: 0.0, or the seconds to wait before there are some."""
+        now = time.monotonic()
+        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens <= 0:
+            return max(0.001, -self._tokens / self.rate + 1 / self.rate)
+        self._tokens -= count
+        return 0.0
+
+
+def _address(ws: ServerConnection) -> str:
+    remote = ws.remote_address
+    if isinstance(remote, tuple) and remote:
+        return str(remote[0])
+    return str(remote)
+
+
 # -- the gateway ------------------------------------------------------------------------------
 
 
+class _Socket(ServerConnection):
+    """A client socket, counted from the moment it is accepted until it is gone.
+
+    The counts keep the gateway under its open-file limit whatever clients
+    do: a socket past ``max_connections + HANDSHAKE_HEADROOM`` is dropped at
+    once, and every admitted WebSocket is released here, however it ends.
+    """
+
+    gateway: Gateway
+    admitted: str | None = None
+    """The client address this socket was admitted as a WebSocket for."""
+    identity: Identity | None = None
+    """What its handshake's credentials proved."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        gateway = self.gateway
+        gateway.sockets += 1
+        if gateway.sockets > gateway.socket_cap:
+            gateway.refused_sockets += 1
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()  # no fd to spare for even a refusal
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        gateway = self.gateway
+        gateway.sockets -= 1
+        gateway.release(self)
+        super().connection_lost(exc)
+
+
 class Gateway:
-    """The WebSocket gateway: a hub over a store, served on one port."""
+    """The WebSocket gateway: a hub over a store, served on one port.
+
+    *authenticator* replaces the one the configuration describes (see
+    :class:`~agui_hub.auth.Authenticator`).
+    """
 
     def __init__(
         self,
         config: GatewayConfig,
         *,
         store: ThreadStore | None = None,
-        authorizer: Authorizer | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.config = config
+        self.authenticator: Authenticator = authenticator or build_authenticator(config)
+        self._custom_auth = authenticator is not None
+        self.allowed_origins = {o.rstrip("/") for o in split_list(config.allowed_origins)}
+        if config.jwt_cookie and (not self.allowed_origins or "*" in self.allowed_origins):
+            raise ValueError(
+                "a token in a cookie is sent by the browser from any page: list the origins "
+                "allowed to connect (allowed_origins), not '*'"
+            )
         self.store = store if store is not None else open_store(config.store or None)
         self.store_name = (
             redact_url(config.store)
@@ -556,8 +712,8 @@ class Gateway:
         self.hub = Hub(
             self.store,
             limits=StateLimits(max_depth=config.state_max_depth, max_bytes=config.state_max_bytes),
+            max_event_bytes=config.max_event_bytes,
         )
-        self.authorizer: Authorizer = authorizer or AllowAll()
         self.connections: set[Connection] = set()
         self.server: Server | None = None
         self._chores: set[asyncio.Future[Any]] = set()
@@ -567,7 +723,118 @@ class Gateway:
         self.store_warnings: list[str] = []
         """What the store's settings put at risk (see docs/store.md)."""
         self._store_watch: asyncio.Task[None] | None = None
+        self._auth_watch: asyncio.Task[None] | None = None
         self.write_timeout: float = config.write_timeout or config.ping_timeout or 20 * SECONDS
+        self.max_connections = config.max_connections
+        """``config.max_connections``, lowered at start to fit the open-file limit."""
+        self.sockets = 0
+        """Open client sockets (handshakes, health checks, WebSockets)."""
+        self.socket_cap = self.max_connections + HANDSHAKE_HEADROOM
+        self.admitted = 0
+        """WebSocket connections admitted (handshake accepted) and not yet gone."""
+        self.per_address: Counter[str] = Counter()
+        self.refused_sockets = 0
+        """Sockets dropped at once because the gateway had no room for them."""
+
+    # Admission ---------------------------------------------------------------------------------
+
+    def release(self, socket: _Socket) -> None:
+        address = socket.admitted
+        if address is not None:
+            socket.admitted = None
+            self.admitted -= 1
+            left = self.per_address[address] - 1
+            if left > 0:
+                self.per_address[address] = left
+            else:
+                del self.per_address[address]
+
+    def _origin_allowed(self, request: Request) -> bool:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return True  # not a browser: an Origin protects browsers' ambient credentials
+        origin = origin.rstrip("/")
+        if "*" in self.allowed_origins or origin in self.allowed_origins:
+            return True
+        # The gateway's own origin (a page it serves) is always allowed.
+        host = request.headers.get("Host")
+        parts = urlsplit(origin)
+        return host is not None and parts.scheme in {"http", "https"} and parts.netloc == host
+
+    def _refuse(
+        self,
+        ws: ServerConnection,
+        status: http.HTTPStatus,
+        text: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        response = ws.respond(status, f"agui-hub: {text}\n")
+        for name, value in (headers or {}).items():
+            response.headers[name] = value
+        return response
+
+    async def _admit(self, ws: _Socket, request: Request) -> Response | None:
+        """Decide on a WebSocket handshake: ``None`` admits it, a response refuses it."""
+        config = self.config
+        if not self._origin_allowed(request):
+            log.info(
+                "connection from %s refused: origin %r is not allowed",
+                _address(ws),
+                request.headers.get("Origin"),
+            )
+            return self._refuse(
+                ws,
+                http.HTTPStatus.FORBIDDEN,
+                f"origin {request.headers.get('Origin')!r} is not allowed to connect "
+                "(see allowed_origins in docs/security.md)",
+            )
+        if self.admitted >= self.max_connections:
+            return self._refuse(
+                ws,
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"this gateway is full ({self.max_connections} connections): retry later, "
+                "or another gateway",
+                {"Retry-After": "5"},
+            )
+        address = _address(ws)
+        if self.per_address[address] >= config.max_connections_per_address:
+            return self._refuse(
+                ws,
+                http.HTTPStatus.TOO_MANY_REQUESTS,
+                f"too many connections from {address} "
+                f"(at most {config.max_connections_per_address})",
+                {"Retry-After": "5"},
+            )
+        # Counted before the authenticator is awaited, so that handshakes
+        # arriving meanwhile see it: the limits hold however slow it is.
+        ws.admitted = address
+        self.admitted += 1
+        self.per_address[address] += 1
+        try:
+            credentials = credentials_of(request.path, request.headers, cookie=config.jwt_cookie)
+            if credentials is None:
+                identity = self.authenticator.anonymous
+                # No identity yet: a JWT gateway waits for an auth command.
+            else:
+                identity = await self.authenticator.authenticate(credentials)
+        except Forbidden as exc:
+            self.release(ws)
+            log.info("connection from %s refused: %s", address, exc)
+            return self._refuse(ws, http.HTTPStatus.FORBIDDEN, str(exc))
+        except Unauthorized as exc:
+            self.release(ws)
+            log.info("connection from %s refused: %s", address, exc)
+            return self._refuse(
+                ws,
+                http.HTTPStatus.UNAUTHORIZED,
+                str(exc),
+                {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{exc}"'},
+            )
+        except BaseException:
+            self.release(ws)
+            raise
+        ws.identity = identity
+        return None
 
     # The store ---------------------------------------------------------------------------------
 
@@ -594,6 +861,36 @@ class Gateway:
         log.info("store %s is available", self.store_name)
         for warning in self.store_warnings:
             log.warning("store %s: %s", self.store_name, warning)
+
+    # Credentials over time ------------------------------------------------------------------
+
+    def check_revocations(self) -> int:
+        """Re-read the key and revocation files; close revoked connections (4403).
+
+        Returns how many were closed. Runs every few seconds; call it after
+        changing a file to act at once.
+        """
+        try:
+            self.authenticator.reload()
+        except ValueError as exc:
+            log.error("authentication files: %s (keeping the previous ones)", exc)
+        closed = 0
+        for conn in list(self.connections):
+            identity = conn.identity
+            if identity is not None and self.authenticator.revoked(identity):
+                log.info("connection %s: credentials of %r revoked", conn.remote,
+                         identity.subject)  # fmt: skip
+                conn.close_soon(CloseCode.FORBIDDEN, "credentials revoked")
+                closed += 1
+        return closed
+
+    async def _watch_credentials(self) -> None:
+        while True:
+            await asyncio.sleep(AUTH_FILES_INTERVAL)
+            try:
+                self.check_revocations()
+            except Exception:  # never let a bad file end the watch
+                log.exception("checking revocations failed")
 
     # HTTP side -------------------------------------------------------------------------------
 
@@ -627,10 +924,8 @@ class Gateway:
                 "agui-hub: offer the subprotocol agui-hub.v1.json (text frames) or "
                 "agui-hub.v1.msgpack (binary frames) in Sec-WebSocket-Protocol\n",
             )
-        principal = Principal(str(ws.remote_address), request.headers)
-        if not await self.authorizer.authorize(principal, Action.CONNECT, None):
-            return ws.respond(http.HTTPStatus.FORBIDDEN, "agui-hub: not allowed\n")
-        return None
+        assert isinstance(ws, _Socket)
+        return await self._admit(ws, request)
 
     @staticmethod
     def _select_subprotocol(ws: ServerConnection, offered: Any) -> Any:
@@ -642,8 +937,10 @@ class Gateway:
     # WebSocket side -------------------------------------------------------------------------------
 
     async def _handler(self, ws: ServerConnection) -> None:
-        conn = Connection(self, ws, encoding_of(ws.subprotocol))
+        identity = ws.identity if isinstance(ws, _Socket) else None
+        conn = Connection(self, ws, encoding_of(ws.subprotocol), identity)
         self.connections.add(conn)
+        conn.start_clock()
         writer = asyncio.create_task(conn.write_loop())
         try:
             while conn.state is ConnectionState.OPEN:
@@ -660,7 +957,7 @@ class Gateway:
         except ConnectionClosed:
             pass
         except Exception:
-            log.exception("connection %s failed", conn.principal.remote)
+            log.exception("connection %s failed", conn.remote)
             conn.close_soon(CloseCode.INTERNAL_ERROR, "internal error, resume")
         finally:
             conn.forget()
@@ -671,16 +968,74 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ws.wait_closed(), 5 * SECONDS)
 
+    def _check_exposure(self) -> None:
+        """Refuse to serve every thread to anyone on a network without being told to."""
+        config = self.config
+        if (
+            not is_loopback(config.host)
+            and not config.jwt_configured
+            and not self._custom_auth
+            and not config.allow_anonymous
+        ):
+            raise ValueError(
+                f"listening on {config.host} (not loopback) without authentication would let "
+                "anyone who reaches it read and write every thread: configure JWT "
+                "(--jwt-secret-file, --jwt-public-key-file or --jwt-jwks-file), or pass "
+                "--allow-anonymous to mean it (docs/security.md)"
+            )
+        anonymous = self.authenticator.anonymous
+        if anonymous is not None and config.jwt_configured and not anonymous.grants:
+            log.warning(
+                "allow_anonymous is set but anonymous_subscribe and anonymous_publish grant "
+                "nothing: connections without a token can only authenticate"
+            )
+
+    def _fit_open_files(self) -> None:
+        """Lower the connection cap so that every socket fits under the open-file limit."""
+        limit = open_file_limit()
+        if limit is None:
+            return
+        room = limit - FD_RESERVE - HANDSHAKE_HEADROOM
+        if room < self.max_connections:
+            fitted = max(1, room)
+            log.warning(
+                "max_connections %d does not fit the open-file limit %d: serving at most %d "
+                "connections (raise the limit: ulimit -n, LimitNOFILE=)",
+                self.max_connections,
+                limit,
+                fitted,
+            )
+            self.max_connections = fitted
+        self.socket_cap = self.max_connections + HANDSHAKE_HEADROOM
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        config = self.config
+        if not config.tls_cert:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the TLS certificate and key: {exc}") from None
+        return context
+
     async def start(self) -> Server:
-        """Check the store, start listening; log where, on which store, and any risk.
+        """Check the settings and the store, start listening; log where, on which
+        store, and any risk.
 
         A store that does not answer yet is not fatal: the gateway serves,
         ``/readyz`` answers 503 with the reason, and a background check logs
-        when the store is back. Raises :class:`~agui_hub.errors.StoreError`
-        when ``require_durable_store`` is set and the store's settings can
-        lose events.
+        when the store is back. Raises :class:`ValueError` for settings that
+        cannot be served (no authentication on a public address, an unusable
+        TLS key), and :class:`~agui_hub.errors.StoreError` when
+        ``require_durable_store`` is set and the store's settings can lose
+        events.
         """
         config = self.config
+        self._check_exposure()
+        tls = self._tls_context()
+        self._fit_open_files()
         if await self.check_store():
             for warning in self.store_warnings:
                 log.warning("store %s: %s", self.store_name, warning)
@@ -697,6 +1052,12 @@ class Gateway:
                 self.store_problem,
             )
             self._store_watch = asyncio.create_task(self._watch_store())
+        gateway = self
+
+        class Socket(_Socket):
+            pass
+
+        Socket.gateway = gateway
         self.server = await serve(
             self._handler,
             config.host,
@@ -707,8 +1068,14 @@ class Gateway:
             max_size=FRAME_LIMIT_FACTOR * config.max_frame_bytes,
             ping_interval=config.ping_interval,
             ping_timeout=config.ping_timeout,
+            open_timeout=config.open_timeout,
             compression=None,
+            server_header=SERVER_HEADER,
+            create_connection=Socket,
+            ssl=tls,
         )
+        if isinstance(self.authenticator, JWTAuthenticator) or self._custom_auth:
+            self._auth_watch = asyncio.create_task(self._watch_credentials())
         port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
         self.config.port = port
         store = (
@@ -716,14 +1083,34 @@ class Gateway:
             if config.store
             else ("memory:// (in-process: events are lost when it exits)")
         )
-        log.info("agui-hub listening on ws://%s:%s, store %s", config.host, port, store)
+        scheme = "wss" if tls else "ws"
+        log.info("agui-hub listening on %s://%s:%s, store %s", scheme, config.host, port, store)
+        log.info("authentication: %s; at most %d connections (%d per address)",
+                 self.describe_auth(), self.max_connections,
+                 config.max_connections_per_address)  # fmt: skip
         return self.server
+
+    def describe_auth(self) -> str:
+        """One line on how connections authenticate (for the start-up log)."""
+        authenticator = self.authenticator
+        anonymous = authenticator.anonymous
+        if isinstance(authenticator, Anonymous):
+            assert anonymous is not None
+            return f"none (anonymous: {_grants_text(anonymous.grants)})"
+        kind = type(authenticator).__name__
+        if isinstance(authenticator, JWTAuthenticator):
+            kind = "JWT"
+        if anonymous is None:
+            return f"{kind}, no anonymous access"
+        return f"{kind}, anonymous: {_grants_text(anonymous.grants)}"
 
     async def drain(self) -> None:
         """Stop accepting, tell every client to resume elsewhere (1012), close the store."""
         self._draining = True
         if self._store_watch is not None:
             self._store_watch.cancel()
+        if self._auth_watch is not None:
+            self._auth_watch.cancel()
         if self.server is not None:
             self.server.close(close_connections=False)
         for conn in list(self.connections):
@@ -737,12 +1124,17 @@ class Gateway:
         await self.store.close()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Serve until *stop* is set or SIGTERM / SIGINT arrives, then drain."""
+        """Serve until *stop* is set or SIGTERM / SIGINT arrives, then drain.
+
+        SIGHUP re-reads the key and revocation files at once.
+        """
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            loop.add_signal_handler(signal.SIGHUP, self.check_revocations)
         await self.start()
         try:
             await stop.wait()
@@ -750,3 +1142,16 @@ class Gateway:
             log.info("agui-hub draining")
             await self.drain()
             log.info("agui-hub stopped")
+
+
+SERVER_HEADER = "agui-hub"
+"""The ``Server`` header of every response: no versions for a scanner to match."""
+
+AUTH_FILES_INTERVAL = 5 * SECONDS
+"""How often the key and revocation files are checked for changes."""
+
+
+def _grants_text(grants: Grants) -> str:
+    read = ", ".join(grants.subscribe) or "nothing"
+    write = ", ".join(grants.publish) or "nothing"
+    return f"read {read}; publish {write}"

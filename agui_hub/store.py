@@ -10,7 +10,7 @@ the same contract tests:
 
 Pick one by URL with :func:`open_store`::
 
-    store = open_store("redis://localhost:6379/0?max_len=100000&ttl=86400")
+    store = open_store("redis://localhost:6379/0?ttl=86400&max_tenant_threads=1000")
     offsets = await store.append("thread-1", [EventInput(wire_event, event_id="e1")])
     entries = await store.read("thread-1", after=START)
     async with store.subscribe("thread-1", after=offsets[-1]) as feed:
@@ -58,6 +58,7 @@ from .errors import (
     StoreUnavailable,
     SubscriptionLagged,
     ThreadReset,
+    TooManyThreads,
 )
 from .offsets import START, Offset, check_thread, offset_key
 
@@ -80,10 +81,12 @@ __all__ = [
     "ThreadInfo",
     "ThreadReset",
     "ThreadStore",
+    "TooManyThreads",
     "check_thread",
     "offset_key",
     "open_store",
     "redact_url",
+    "tenant_of",
 ]
 
 # -- values ----------------------------------------------------------------------
@@ -190,6 +193,8 @@ class ThreadInfo:
     run_id: str | None
     ttl: float | None
     """Seconds until the idle thread expires, ``None`` when it does not."""
+    bytes: int = 0
+    """Bytes of event payloads (msgpack) the thread holds: what ``max_bytes`` bounds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,29 +214,79 @@ class Checkpoint:
     complete: bool = True
 
 
+DEFAULT_MAX_BYTES = 128 * 1024 * 1024
+"""Default ``max_bytes``: 128 MiB of event payloads per thread."""
+
+DEFAULT_TTL = 7 * 24 * 3600.0
+"""Default ``ttl``: a thread without appends for 7 days expires."""
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """How long a thread's events are kept; ``0`` disables a limit.
+    """What the store keeps: per thread (events, bytes, idle time) and per tenant
+    (threads); ``0`` disables a limit.
 
-    The default keeps the newest 100,000 events of each thread, of any age,
-    for ever: bounded memory without surprises. Set ``ttl`` to let idle
-    threads expire.
+    The default keeps, of each thread, the newest 100,000 events and at most
+    128 MiB of them, of any age, and lets a thread expire after 7 days
+    without an append; threads per tenant are not limited. A shared relay
+    should also set ``max_tenant_threads``: with the default, one tenant can
+    create threads without bound (each one bounded). Set ``ttl=0`` to keep
+    idle threads for ever.
+
+    Limits are checked when a thread is appended to: ``max_len``,
+    ``max_age`` and ``max_bytes`` trim the oldest events (a reader past them
+    gets :class:`OffsetExpired`), ``max_tenant_threads`` refuses the append
+    that would create one thread too many.
     """
 
     max_len: int = 100_000
     """Keep at most this many events per thread (oldest go first); 0: no limit."""
     max_age: float = 0.0
     """Drop events older than this many seconds (checked when the thread is appended to)."""
-    ttl: float = 0.0
-    """Delete a whole thread after this many seconds without an append."""
+    ttl: float = DEFAULT_TTL
+    """Delete a whole thread after this many seconds without an append; 0: never."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    """Keep at most this many bytes of event payloads (their msgpack) per thread,
+    trimming the oldest events; 0: no limit. The events of the append being made
+    are never trimmed by it: an append larger than this on its own is kept whole
+    (and trims every older event)."""
+    max_tenant_threads: int = 0
+    """At most this many live threads per tenant (:func:`tenant_of`); 0: no limit.
+    An append that would create one more raises
+    :class:`~agui_hub.errors.TooManyThreads` and stores nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("max_len", "max_age", "ttl"):
+        for name in ("max_len", "max_age", "ttl", "max_bytes", "max_tenant_threads"):
             value = getattr(self, name)
+            if name in ("max_bytes", "max_tenant_threads") and (
+                isinstance(value, bool) or not isinstance(value, int)
+            ):
+                raise ValueError(f"retention limit {name} must be a whole number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"retention limit {name} must be a finite number")
             if value < 0:
                 raise ValueError("retention limits must not be negative")
+
+
+def tenant_of(thread: str) -> str:
+    """The tenant *thread* belongs to: the part of its id before the first ``/``.
+
+    ``"tenant-42/run-1"`` belongs to ``"tenant-42"``; an id without ``/``
+    (and one that starts with it) belongs to the tenant ``""``, so all such
+    threads share one quota of ``max_tenant_threads``.
+    """
+    head, slash, _ = thread.partition("/")
+    return head if slash else ""
+
+
+def too_many_threads(thread: str, tenant: str, limit: int) -> TooManyThreads:
+    """The error of an append that would create *thread* past its tenant's quota."""
+    who = f"tenant {tenant!r}" if tenant else "tenant '' (thread ids without '/')"
+    return TooManyThreads(
+        f"thread {thread!r} was not created: {who} already has {limit} threads, its "
+        f"limit (max_tenant_threads={limit}); delete threads of the tenant, let idle "
+        "ones expire (the store's ttl) or raise max_tenant_threads, then publish again"
+    )
 
 
 # -- the interface -------------------------------------------------------------------
@@ -255,6 +310,11 @@ class ThreadStore(Protocol):
         ``expect.after`` are these very events (stored by an earlier try whose
         reply was lost): read them, and an id already stored is answered with
         its offset as usual.
+
+        An append that would create the thread when its tenant
+        (:func:`tenant_of`) already has ``retention.max_tenant_threads``
+        threads raises :class:`~agui_hub.errors.TooManyThreads` and stores
+        nothing; appends to an existing thread are never refused by it.
         """
         ...
 
@@ -594,7 +654,16 @@ class StoreURL:
     """``outage_grace`` from the query (``None``: the store's default)."""
 
 
-_OWN_OPTIONS = ("prefix", "max_len", "max_age", "ttl", "op_timeout", "outage_grace")
+_OWN_OPTIONS = (
+    "prefix",
+    "max_len",
+    "max_age",
+    "ttl",
+    "max_bytes",
+    "max_tenant_threads",
+    "op_timeout",
+    "outage_grace",
+)
 
 # Options redis-py's URL parser takes as strings (it passes any query option
 # to the connection class; these are the ones the connection classes accept).
@@ -676,7 +745,10 @@ def _number(
     try:
         value = kind(raw)
     except ValueError:
-        raise ValueError(f"store URL option {name}={raw!r} is not a number") from None
+        raise ValueError(
+            f"store URL option {name}={raw!r} "
+            + ("must be a whole number" if kind is int and _is_float(raw) else "is not a number")
+        ) from None
     if not math.isfinite(value):
         raise ValueError(f"store URL option {name}={raw!r} must be a finite number")
     if value < 0 or (positive and value == 0):
@@ -685,23 +757,40 @@ def _number(
     return value
 
 
+def _is_float(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse_retention(query: dict[str, list[str]]) -> Retention:
     defaults = Retention()
     values = {
         name: _number(query, name, kind)
-        for name, kind in (("max_len", int), ("max_age", float), ("ttl", float))
+        for name, kind in (
+            ("max_len", int),
+            ("max_age", float),
+            ("ttl", float),
+            ("max_bytes", int),
+            ("max_tenant_threads", int),
+        )
     }
     return Retention(**{k: getattr(defaults, k) if v is None else v for k, v in values.items()})
 
 
 def parse_store_url(url: str) -> StoreURL:
-    """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&max_age=…&ttl=…``.
+    """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&ttl=…``.
 
-    Our options: ``prefix``, ``max_len``, ``max_age``, ``ttl``,
-    ``op_timeout``, ``outage_grace`` (see docs/store.md); a ``redis://`` URL
-    may also carry the options redis-py documents (:func:`redis_url_options`).
-    Anything else, a negative or non-finite number: :class:`ValueError`
-    (whose message never shows the password).
+    Our options: ``prefix``, ``max_len``, ``max_age``, ``ttl``, ``max_bytes``,
+    ``max_tenant_threads``, ``op_timeout``, ``outage_grace`` (see
+    docs/store.md); a ``redis://`` URL may also carry the options redis-py
+    documents (:func:`redis_url_options`). Anything else, a negative or
+    non-finite number, a fraction for ``max_len``, ``max_bytes`` or
+    ``max_tenant_threads``: :class:`ValueError` (whose message never shows
+    the password). Retention options the URL leaves out keep the
+    :class:`Retention` defaults.
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -744,13 +833,19 @@ def open_store(url: str | None = None, *, retention: Retention | None = None) ->
     """Create the store named by *url* (``None`` or ``""``: the memory store).
 
     Options in the URL's query: ``prefix`` (Redis key prefix, default
-    ``agui``), ``max_len``, ``max_age`` (seconds), ``ttl`` (seconds),
-    ``op_timeout`` (seconds, deadline of one store operation, default 5),
-    ``outage_grace`` (seconds a live feed waits out an outage, default 5),
-    and for ``redis://`` the options redis-py documents. An explicit
-    *retention* overrides the URL's. Raises :class:`ValueError` for a URL it
-    cannot use: an unknown scheme or option, a bad number, or ``redis://``
-    without the ``redis`` extra installed.
+    ``agui``); retention (see :class:`Retention`, ``0`` disables each):
+    ``max_len`` (events per thread, default 100000), ``max_age`` (seconds,
+    default off), ``ttl`` (seconds without an append before a thread
+    expires, default 604800: 7 days), ``max_bytes`` (bytes of event
+    payloads per thread, default 134217728: 128 MiB),
+    ``max_tenant_threads`` (threads per tenant, default off); ``op_timeout``
+    (seconds, deadline of one store operation, default 5), ``outage_grace``
+    (seconds a live feed waits out an outage, default 5), and for
+    ``redis://`` the options redis-py documents. An explicit *retention*
+    overrides the URL's retention options (all of them). Raises
+    :class:`ValueError` for a URL it cannot use: an unknown scheme or
+    option, a bad number, or ``redis://`` without the ``redis`` extra
+    installed.
     """
     parsed = parse_store_url(url or "memory://")
     chosen = retention or parsed.retention

@@ -47,10 +47,10 @@ import msgpack
 
 from .errors import (
     AppendConflict,
-    InvalidEvent,
     LimitExceeded,
     OffsetExpired,
     PatchError,
+    PayloadTooLarge,
     ProtocolError,
     SequenceError,
     StoreUnavailable,
@@ -110,6 +110,12 @@ class _Gate:
     users: int = 0
 
 
+DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
+"""Largest event a writer stores by default (its msgpack encoding)."""
+
+RUN_EVENTS_WITH_THREAD = frozenset({"RUN_STARTED", "RUN_FINISHED"})
+"""Events whose ``threadId`` must name the thread they are published into."""
+
 DEFAULT_MAX_THREADS = 10_000
 """Threads whose sequence state a writer keeps by default (the least recently
 published to are dropped first, and read again from the store when needed)."""
@@ -139,6 +145,7 @@ class ThreadWriter:
         max_threads: int = DEFAULT_MAX_THREADS,
         limits: StateLimits = DEFAULT_LIMITS,
         max_state_cache_bytes: int = DEFAULT_MAX_STATE_CACHE_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ):
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
@@ -149,6 +156,7 @@ class ThreadWriter:
         self.max_threads = max_threads
         self.limits = limits
         self.max_state_cache_bytes = max_state_cache_bytes
+        self.max_event_bytes = max_event_bytes
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._state_bytes = 0
         """Sum of ``cached`` over ``_seen``."""
@@ -166,7 +174,10 @@ class ThreadWriter:
         set to the position of the event at fault:
         :class:`~agui_hub.errors.InvalidEvent` (also for a value the store
         cannot encode, e.g. an integer beyond 64 bits),
-        :class:`~agui_hub.errors.SequenceError`,
+        :class:`~agui_hub.errors.SequenceError` (also ``thread_mismatch``: a
+        RUN_STARTED or RUN_FINISHED whose ``threadId`` is another thread),
+        :class:`~agui_hub.errors.PayloadTooLarge` (an event over
+        *max_event_bytes*),
         :class:`~agui_hub.errors.PatchError` (a STATE_DELTA or ACTIVITY_DELTA
         that does not apply) or :class:`~agui_hub.errors.LimitExceeded` (the
         state would exceed :attr:`limits`); or a
@@ -176,8 +187,20 @@ class ThreadWriter:
         wires = validate_batch(events)
         for n, wire in enumerate(wires):
             try:
-                encode_event_data(wire)
-            except InvalidEvent as exc:
+                size = len(encode_event_data(wire))
+                if size > self.max_event_bytes:
+                    raise PayloadTooLarge(size, self.max_event_bytes)
+                if wire["type"] in RUN_EVENTS_WITH_THREAD and wire.get("threadId") != thread:
+                    # Viewers take threadId at its word: a run announced in
+                    # another thread's name would be misfiled by every one.
+                    raise SequenceError(
+                        "thread_mismatch",
+                        f"{wire['type']} has threadId {wire.get('threadId')!r} but is published "
+                        f"into thread {thread!r}: they must be the same",
+                        event=wire,
+                        thread=thread,
+                    )
+            except ProtocolError as exc:
                 exc.index = n
                 raise
         ids = check_event_ids(event_ids, len(wires))

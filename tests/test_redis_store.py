@@ -11,9 +11,16 @@ import pytest
 import redis.asyncio as aioredis
 
 import agui_hub.redis_store as redis_store
-from agui_hub.errors import StoreUnavailable, ThreadReset
-from agui_hub.redis_store import RedisStore, notify_channel, stream_key
-from agui_hub.store import START, EventInput, FeedState, Retention
+from agui_hub.errors import OffsetExpired, StoreUnavailable, ThreadReset, TooManyThreads
+from agui_hub.redis_store import (
+    RedisStore,
+    durability_problems,
+    meta_key,
+    notify_channel,
+    stream_key,
+    tenant_key,
+)
+from agui_hub.store import START, EventInput, FeedState, Retention, encode_event_data
 from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
@@ -336,3 +343,195 @@ def test_entry_never_raises() -> None:
     assert (e.event_id, e.run_id) == ("i", "r")
     e = entry(b"odd")
     assert e.data == b"" and e.event_id == "5-1"
+
+
+# -- retention by bytes: the total in meta ----------------------------------------------------
+
+
+def sized(i: int, pad: int = 100) -> EventInput:
+    event = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"{i:05d}" + "x" * pad}
+    return EventInput.of(event, f"s{i}")
+
+
+async def byte_totals(raw: aioredis.Redis, prefix: str, thread: str) -> tuple[int, int]:
+    """(the total kept in meta, the sum of the stored payloads)."""
+    kept = await raw.hget(meta_key(prefix, thread), "bytes")
+    entries: Any = await raw.xrange(stream_key(prefix, thread))
+    return int(kept or 0), sum(len(fields[b"event"]) for _, fields in entries)
+
+
+async def test_byte_total_in_meta_follows_every_trim(redis_server: RedisServer) -> None:
+    prefix = f"bt{uuid.uuid4().hex[:8]}"
+    size = len(encode_event_data(sized(0).event))
+    store = RedisStore(redis_server.url, prefix=prefix, retention=Retention(max_len=4, max_bytes=0))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await store.append("t", [sized(i) for i in range(6)])  # max_len trims 2
+        assert await byte_totals(raw, prefix, "t") == (4 * size, 4 * size)
+        store.retention = Retention(max_len=0, max_age=0.3, max_bytes=0)
+        await asyncio.sleep(0.6 * TIMEOUT_SCALE)
+        await store.append("t", [sized(6)])  # max_age trims the 4 others
+        assert await byte_totals(raw, prefix, "t") == (size, size)
+        store.retention = Retention(max_len=0, max_bytes=2 * size)
+        await store.append("t", [sized(i) for i in range(7, 10)])  # kept whole: its own
+        assert await byte_totals(raw, prefix, "t") == (3 * size, 3 * size)
+        await store.append("t", [sized(10)])  # max_bytes trims 2
+        assert await byte_totals(raw, prefix, "t") == (2 * size, 2 * size)
+        info = await store.info("t")
+        assert info is not None and info.bytes == 2 * size
+        assert await raw.xlen(stream_key(prefix, "t")) == 2
+        assert await raw.hlen(f"{prefix}:{{t}}:ids") == 2  # ids of trimmed events forgotten
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_byte_trim_reads_a_bounded_number_of_entries_per_append(
+    redis_server: RedisServer,
+) -> None:
+    """A thread far over max_bytes (the limit was lowered) is trimmed by at most
+    1024 entries per append; later appends go on until it fits."""
+    prefix = f"bt{uuid.uuid4().hex[:8]}"
+    size = len(encode_event_data(sized(0, pad=0).event))
+    store = RedisStore(redis_server.url, prefix=prefix, retention=Retention(max_bytes=0))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        for start in range(0, 1500, 500):
+            await store.append("t", [sized(i, pad=0) for i in range(start, start + 500)])
+        store.retention = Retention(max_bytes=10 * size)
+        await store.append("t", [sized(1500, pad=0)])
+        assert await raw.xlen(stream_key(prefix, "t")) == 1501 - 1024
+        assert await byte_totals(raw, prefix, "t") == (477 * size, 477 * size)
+        info = await store.info("t")
+        assert info is not None and info.trimmed is not None
+        with pytest.raises(OffsetExpired) as caught:
+            await store.read("t")
+        assert caught.value.first == info.first
+        kept = [e.offset for e in await store.read("t", after=info.trimmed)]
+        assert len(kept) == 477
+        last = await store.append("t", [sized(1501, pad=0)])
+        # The oldest go first, the new event stays: the newest 9 of before and it.
+        assert [e.offset for e in await store.read("t", after=kept[-10])] == kept[-9:] + last
+        assert await raw.xlen(stream_key(prefix, "t")) == 10
+        assert await byte_totals(raw, prefix, "t") == (10 * size, 10 * size)
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_a_lost_stream_resets_the_byte_total(redis_server: RedisServer) -> None:
+    prefix = f"bt{uuid.uuid4().hex[:8]}"
+    size = len(encode_event_data(sized(0).event))
+    store = RedisStore(redis_server.url, prefix=prefix)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await store.append("t", [sized(i) for i in range(3)])
+        epoch = await store.epoch("t")
+        await raw.delete(stream_key(prefix, "t"))  # evicted alone
+        await store.append("t", [sized(3)])
+        assert await store.epoch("t") != epoch
+        assert await byte_totals(raw, prefix, "t") == (size, size)
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_a_thread_without_a_byte_total_is_measured_once(
+    redis_server: RedisServer,
+) -> None:
+    """Written before the total was kept (no `bytes` in meta), or by a plain
+    XADD: the next append counts what the stream holds."""
+    prefix = f"bt{uuid.uuid4().hex[:8]}"
+    size = len(encode_event_data(sized(0).event))
+    store = RedisStore(redis_server.url, prefix=prefix, retention=Retention(max_bytes=0))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await store.append("old", [sized(i) for i in range(3)])
+        await raw.hdel(meta_key(prefix, "old"), "bytes")
+        await store.append("old", [sized(3)])
+        assert await byte_totals(raw, prefix, "old") == (4 * size, 4 * size)
+        plain = msgpack.packb({"type": "CUSTOM", "name": "n", "value": "v" * 50})
+        await raw.xadd(stream_key(prefix, "plain"), {"event": plain, "id": "x1"})
+        assert await store.epoch("plain")  # read first: the epoch is made then
+        await store.append("plain", [sized(0)])
+        assert await byte_totals(raw, prefix, "plain") == (len(plain) + size,) * 2
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+# -- threads per tenant: the tenant set -------------------------------------------------------
+
+
+async def test_tenant_set_follows_creations_deletes_and_expiry(redis_server: RedisServer) -> None:
+    prefix = f"tq{uuid.uuid4().hex[:8]}"
+    store = RedisStore(
+        redis_server.url, prefix=prefix, retention=Retention(max_tenant_threads=2, ttl=0.4)
+    )
+    raw = aioredis.Redis.from_url(redis_server.url)
+    acme = tenant_key(prefix, "acme")
+    try:
+        await store.append("acme/a", [item(1)])
+        await store.append("acme/b", [item(1)])
+        await store.append("loose", [item(1)])
+        assert await raw.smembers(acme) == {b"acme/a", b"acme/b"}
+        assert await raw.smembers(tenant_key(prefix, "")) == {b"loose"}
+        with pytest.raises(TooManyThreads):
+            await store.append("acme/c", [item(1)])
+        assert await raw.exists(stream_key(prefix, "acme/c"), meta_key(prefix, "acme/c")) == 0
+        assert await raw.smembers(acme) == {b"acme/a", b"acme/b"}
+        await store.delete("acme/a")
+        assert await raw.smembers(acme) == {b"acme/b"}
+        await store.append("acme/c", [item(1)])
+        assert await raw.smembers(acme) == {b"acme/b", b"acme/c"}
+        await asyncio.sleep(0.9 * TIMEOUT_SCALE)  # both expire; their ids stay in the set
+        assert await raw.smembers(acme) == {b"acme/b", b"acme/c"}
+        await store.append("acme/d", [item(1)])  # at the limit: the dead are dropped
+        assert await raw.smembers(acme) == {b"acme/d"}
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_no_tenant_set_without_a_quota(redis_server: RedisServer) -> None:
+    prefix = f"tq{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_server.url, prefix=prefix)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        for n in range(3):
+            await store.append(f"acme/{n}", [item(1)])
+        assert await raw.exists(tenant_key(prefix, "acme")) == 0
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+# -- the default ttl and eviction policies -----------------------------------------------------
+
+
+async def test_default_ttl_is_reported_under_a_volatile_policy(own_redis: RedisServer) -> None:
+    """The default retention gives thread keys a TTL (7 days): evictable under
+    volatile-*; ttl=0 keeps them out of reach of that policy."""
+    admin = aioredis.Redis.from_url(own_redis.url)
+    default = RedisStore(own_redis.url)
+    forever = RedisStore(own_redis.url, retention=Retention(ttl=0))
+    try:
+        await admin.config_set("appendonly", "yes")
+        await admin.config_set("maxmemory-policy", "volatile-lru")
+        (warning,) = await default.durability_warnings()
+        assert "volatile-lru" in warning and "ttl option to 0" in warning
+        assert await forever.durability_warnings() == []
+        await default.append("t", [item(1)])
+        assert 604_700 < await admin.ttl(stream_key("agui", "t")) <= 604_800
+    finally:
+        await admin.aclose()
+        await default.close()
+        await forever.close()
+
+
+def test_volatile_policy_warning_names_the_fix() -> None:
+    settings = {"appendonly": "yes", "appendfsync": "everysec", "save": ""}
+    (warning,) = durability_problems(
+        {**settings, "maxmemory-policy": "volatile-ttl"}, "r", uses_ttl=True
+    )
+    assert "7 days unless set" in warning and "ttl option to 0" in warning

@@ -1004,9 +1004,11 @@ async def test_hundreds_of_subscriptions_on_one_connection(harness: Harness) -> 
     assert again["recovered"] is True
 
     publisher = await harness.client(gateway)
-    run = [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}]
     picked = [threads[0], threads[7], threads[150], threads[-1]]
-    offsets = {t: (await publisher.publish(t, run))[0] for t in picked}
+    offsets = {
+        t: (await publisher.publish(t, [{"type": "RUN_STARTED", "threadId": t, "runId": "r"}]))[0]
+        for t in picked
+    }
     seen: dict[str, str] = {}
     for _ in range(4 * len(picked)):
         frame = await client.recv()

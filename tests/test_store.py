@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from agui_hub.errors import (
     OffsetExpired,
     SubscriptionLagged,
     ThreadReset,
+    TooManyThreads,
 )
 from agui_hub.memory_store import MemoryStore
 from agui_hub.redis_store import RedisStore
@@ -29,10 +31,12 @@ from agui_hub.store import (
     Expected,
     Retention,
     ThreadStore,
+    encode_event_data,
     offset_key,
     open_store,
     parse_store_url,
     redact_url,
+    tenant_of,
 )
 
 from .conftest import TIMEOUT_SCALE, RedisServer
@@ -600,3 +604,214 @@ async def test_stored_ids_answers_which_events_are_already_stored(
     assert await store.stored_ids("t", ["e1"]) == {}
     offsets = await store.append("t", [item(1), item(2)])
     assert await store.stored_ids("t", ["e2", "e9", "e1"]) == {"e1": offsets[0], "e2": offsets[1]}
+
+
+# -- retention by bytes --------------------------------------------------------------------
+
+
+def big(i: int) -> EventInput:
+    """An event whose stored payload has the same size for every i < 10000."""
+    return EventInput.of(content(i) | {"delta": f"b{i:04d}" + "x" * 200}, f"b{i}")
+
+
+SIZE = len(encode_event_data(big(0).event))
+"""Bytes each big() event counts against max_bytes."""
+
+
+def bigs(entries: list[Any]) -> list[str]:
+    return [delta[:5] for delta in deltas(entries)]
+
+
+async def test_trim_by_bytes_like_a_length_trim(make_store: StoreFactory) -> None:
+    """The oldest events go until the payloads fit; readers past them get
+    OffsetExpired, their ids are forgotten, info() counts the bytes kept."""
+    store = await make_store(Retention(max_len=0, max_bytes=3 * SIZE + SIZE // 2))
+    offsets: list[str] = []
+    for i in range(6):
+        offsets += await store.append("t", [big(i)])
+        info = await store.info("t")
+        assert info is not None
+        assert (info.length, info.bytes) == (min(i + 1, 3), min(i + 1, 3) * SIZE)
+    assert bigs(await store.read("t", after=offsets[2])) == ["b0003", "b0004", "b0005"]
+    with pytest.raises(OffsetExpired) as caught:
+        await store.read("t")
+    assert caught.value.first == offsets[3]
+    info = await store.info("t")
+    assert info is not None and info.trimmed == offsets[2] and info.first == offsets[3]
+    available = await store.read_available("t", after=offsets[0])
+    assert available.gap and available.trimmed == offsets[2]
+    # The id of a trimmed event is forgotten: publishing it again appends again.
+    again = await store.append("t", [big(0)])
+    assert offset_key(again[0]) > offset_key(offsets[5])
+    assert bigs(await store.read("t", after=offsets[3])) == ["b0004", "b0005", "b0000"]
+
+
+async def test_an_append_larger_than_max_bytes_keeps_its_own_events(
+    make_store: StoreFactory,
+) -> None:
+    store = await make_store(Retention(max_len=0, max_bytes=2 * SIZE))
+    first = await store.append("t", [big(0)])
+    batch = await store.append("t", [big(i) for i in range(1, 6)])  # 5 * SIZE on its own
+    info = await store.info("t")
+    assert info is not None
+    assert (info.length, info.bytes, info.trimmed) == (5, 5 * SIZE, first[0])
+    assert bigs(await store.read("t", after=first[0])) == [f"b000{i}" for i in range(1, 6)]
+    # The next append trims what is over, down to max_bytes.
+    last = await store.append("t", [big(6)])
+    info = await store.info("t")
+    assert info is not None
+    assert (info.length, info.bytes, info.trimmed) == (2, 2 * SIZE, batch[3])
+    assert [e.offset for e in await store.read("t", after=batch[3])] == [batch[4], last[0]]
+
+
+async def test_byte_total_follows_length_trims_retries_and_deletes(
+    make_store: StoreFactory,
+) -> None:
+    store = await make_store(Retention(max_len=2, max_bytes=0))
+    offsets = await store.append("t", [big(i) for i in range(5)])
+    info = await store.info("t")
+    assert info is not None and (info.length, info.bytes) == (2, 2 * SIZE)
+    # A retry stores nothing and counts nothing.
+    assert await store.append("t", [big(4)]) == [offsets[4]]
+    info = await store.info("t")
+    assert info is not None and info.bytes == 2 * SIZE
+    assert await store.delete("t") is True
+    await store.append("t", [big(7)])
+    info = await store.info("t")
+    assert info is not None and (info.length, info.bytes) == (1, SIZE)
+
+
+async def test_byte_total_follows_age_trims(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_age=0.3))
+    await store.append("t", [big(1), big(2)])
+    info = await store.info("t")
+    assert info is not None and info.bytes == 2 * SIZE
+    await asyncio.sleep(0.6 * TIMEOUT_SCALE)
+    await store.append("t", [big(3)])
+    info = await store.info("t")
+    assert info is not None and (info.length, info.bytes) == (1, SIZE)
+
+
+# -- defaults --------------------------------------------------------------------------------
+
+
+def test_default_retention() -> None:
+    r = Retention()
+    assert (r.max_len, r.max_age, r.ttl, r.max_bytes, r.max_tenant_threads) == (
+        100_000,
+        0.0,
+        604_800.0,
+        134_217_728,
+        0,
+    )
+
+
+async def test_threads_expire_after_seven_days_by_default(make_store: StoreFactory) -> None:
+    store = await make_store()
+    await store.append("t", [item(1)])
+    info = await store.info("t")
+    assert info is not None and info.ttl is not None and 604_700 < info.ttl <= 604_800
+    assert info.bytes == len(encode_event_data(content(1)))
+    forever = await make_store(Retention(ttl=0))
+    await forever.append("t", [item(1)])
+    info = await forever.info("t")
+    assert info is not None and info.ttl is None
+
+
+# -- threads per tenant ------------------------------------------------------------------------
+
+
+def test_tenant_of() -> None:
+    assert tenant_of("tenant-42/run-1") == "tenant-42"
+    assert tenant_of("a/b/c") == "a"
+    assert tenant_of("plain") == ""
+    assert tenant_of("/x") == ""
+
+
+async def test_threads_per_tenant_are_bounded(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_tenant_threads=2))
+    a = await store.append("acme/a", [item(1)])
+    await store.append("acme/b", [item(1)])
+    with pytest.raises(TooManyThreads) as caught:
+        await store.append("acme/c", [item(1)])
+    message = str(caught.value)
+    assert "'acme'" in message and "max_tenant_threads=2" in message and "delete" in message
+    assert caught.value.code == "too_many_threads"
+    # Nothing was stored.
+    assert await store.epoch("acme/c") is None and await store.read("acme/c") == []
+    assert await store.threads() == ["acme/a", "acme/b"]
+    # Other tenants have their own quota; ids without "/" share the tenant "".
+    await store.append("other/a", [item(1)])
+    await store.append("x", [item(1)])
+    await store.append("y", [item(1)])
+    with pytest.raises(TooManyThreads, match="thread ids without '/'"):
+        await store.append("z", [item(1)])
+    # Existing threads are never refused: a retry, new events, a conditional append.
+    assert await store.append("acme/a", [item(1)]) == a
+    more = await store.append("acme/a", [item(2)])
+    epoch = await store.epoch("acme/a")
+    await store.append("acme/a", [item(3)], expect=Expected(epoch, more[0]))
+    # A conditional append that would create a thread is refused too.
+    with pytest.raises(TooManyThreads):
+        await store.append("acme/c", [item(1)], expect=Expected(None, START))
+    # A deleted thread frees its slot at once.
+    assert await store.delete("acme/b") is True
+    await store.append("acme/c", [item(1)])
+    assert await store.threads() == ["acme/a", "acme/c", "other/a", "x", "y"]
+    with pytest.raises(TooManyThreads):
+        await store.append("acme/b", [item(1)])
+
+
+async def test_concurrent_creations_stop_at_the_quota(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_tenant_threads=3))
+    results = await asyncio.gather(
+        *(store.append(f"acme/t{n}", [item(n)]) for n in range(10)), return_exceptions=True
+    )
+    created = [f"acme/t{n}" for n, r in enumerate(results) if isinstance(r, list)]
+    assert len(created) == 3
+    assert all(isinstance(r, (list, TooManyThreads)) for r in results), results
+    assert await store.threads() == sorted(created)
+
+
+async def test_expired_threads_free_their_tenant_slot(make_store: StoreFactory) -> None:
+    store = await make_store(Retention(max_tenant_threads=1, ttl=0.3))
+    await store.append("acme/a", [item(1)])
+    with pytest.raises(TooManyThreads):
+        await store.append("acme/b", [item(1)])
+    await asyncio.sleep(0.7 * TIMEOUT_SCALE)
+    await store.append("acme/b", [item(1)])
+    assert await store.threads() == ["acme/b"]
+    # The expired thread is a new one now, and the quota is taken.
+    with pytest.raises(TooManyThreads):
+        await store.append("acme/a", [item(2)])
+
+
+def test_store_url_retention_options() -> None:
+    parsed = parse_store_url("memory://?max_bytes=1000&max_tenant_threads=5&ttl=0")
+    assert parsed.retention == Retention(ttl=0, max_bytes=1000, max_tenant_threads=5)
+    assert parse_store_url("memory://").retention == Retention()
+    redis = parse_store_url("redis://h/0?max_bytes=0&db=1&max_tenant_threads=7")
+    assert redis.redis_url == "redis://h/0?db=1"
+    assert (redis.retention.max_bytes, redis.retention.max_tenant_threads) == (0, 7)
+    assert redis.retention.ttl == 604_800.0
+    store = open_store("memory://?max_tenant_threads=3&max_bytes=64")
+    assert (store.retention.max_tenant_threads, store.retention.max_bytes) == (3, 64)
+    for bad, message in (
+        ("max_bytes=-1", "max_bytes='-1' must be 0 or more"),
+        ("max_bytes=1.5", "max_bytes='1.5' must be a whole number"),
+        ("max_bytes=inf", "max_bytes='inf' must be a whole number"),
+        ("max_tenant_threads=nan", "max_tenant_threads='nan' must be a whole number"),
+        ("max_tenant_threads=lots", "max_tenant_threads='lots' is not a number"),
+        ("ttl=-5", "ttl='-5' must be 0 or more"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_store_url(f"redis://h/0?{bad}")
+    with pytest.raises(ValueError, match="max_bytes must be a whole number"):
+        Retention(max_bytes=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_tenant_threads must be a whole number"):
+        Retention(max_tenant_threads=True)
+    with pytest.raises(ValueError, match="negative"):
+        Retention(max_tenant_threads=-1)
+    for option in ("max_bytes=5", "max_tenant_threads=5"):
+        with pytest.raises(ValueError, match="open_store"):
+            RedisStore(f"redis://h/0?{option}")

@@ -421,7 +421,7 @@ async def test_trimming_every_id_is_not_taken_for_an_eviction(own_redis: RedisSe
 async def test_durability_warnings_name_the_setting_and_the_fix(
     own_redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    store = RedisStore(own_redis.url)
+    store = RedisStore(own_redis.url, retention=Retention(ttl=0))
     ttl_store = open_store(f"{own_redis.url}?ttl=60")
     try:
         (warning,) = await store.durability_warnings()  # the fixture: no AOF, no RDB
