@@ -24,11 +24,12 @@ shared secret, RS256 / ES256 / EdDSA with a public key or a JWKS file;
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -48,6 +49,7 @@ __all__ = [
     "check_pattern",
     "credentials_of",
     "pattern_matches",
+    "redact",
     "scoped_event_id",
 ]
 
@@ -196,7 +198,9 @@ def scoped_event_id(identity: Identity, event_id: str) -> str:
     """
     if not identity.scoped:
         return event_id
-    subject = identity.subject.replace("%", "%25").replace(":", "%3A")
+    # Anonymous publishers share an empty scope, which no token's subject has.
+    subject = "" if identity.anonymous else identity.subject
+    subject = subject.replace("%", "%25").replace(":", "%3A")
     return f"{subject}:{event_id}"
 
 
@@ -256,15 +260,58 @@ def credentials_of(
                 raise Unauthorized(f"the query holds {QUERY_TOKEN} more than once")
             return Credentials(_checked(values[0]), TokenSource.QUERY)
     if cookie:
+        # By hand, not http.cookies: it stops at the first cookie it cannot
+        # parse, and other applications' cookies on the same site may be anything.
+        found = None
         for value in _all(headers, "Cookie"):
-            jar: SimpleCookie = SimpleCookie()
-            try:
-                jar.load(value)
-            except CookieError:
-                continue
-            if cookie in jar:
-                return Credentials(_checked(jar[cookie].value), TokenSource.COOKIE)
+            for part in value.split(";"):
+                name, equals, content = part.partition("=")
+                if equals and name.strip() == cookie:
+                    found = content.strip().strip('"')
+        if found is not None:
+            return Credentials(_checked(found), TokenSource.COOKIE)
     return None
+
+
+_SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+_TOKEN_IN_QUERY = re.compile(rf"({QUERY_TOKEN}=)[^&\s]*")
+_TOKEN_IN_SUBPROTOCOL = re.compile(rf"({re.escape(SUBPROTOCOL_TOKEN_PREFIX)})[^,\s]*")
+
+
+def redact(text: str) -> str:
+    """*text* (a path, a header value) with any token in it replaced by ``[redacted]``."""
+    text = _TOKEN_IN_QUERY.sub(r"\1[redacted]", text)
+    return _TOKEN_IN_SUBPROTOCOL.sub(r"\1[redacted]", text)
+
+
+class RedactingLogger(logging.LoggerAdapter[logging.Logger]):
+    """A websockets logger minus the credentials its DEBUG output would show.
+
+    websockets logs every handshake header at DEBUG (``Authorization`` and
+    ``Cookie`` hold tokens, so may the path and ``Sec-WebSocket-Protocol``)
+    and the start of every frame (an ``auth`` command holds one too). Give
+    it this logger (``logger=`` of ``serve`` / ``connect``).
+    """
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if args and self.isEnabledFor(level):
+            if len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                name = args[0].lower()
+                value = "[redacted]" if name in _SECRET_HEADERS else redact(args[1])
+                args = (args[0], value)
+            else:
+                args = tuple(_redacted_arg(arg) for arg in args)
+        kwargs.setdefault("stacklevel", 2)  # name websockets' line, not this one
+        super().log(level, msg, *args, **kwargs)
+
+
+def _redacted_arg(arg: object) -> object:
+    if isinstance(arg, str):
+        return redact(arg)
+    data = getattr(arg, "data", None)  # a websockets Frame
+    if isinstance(data, bytes | bytearray) and b"token" in data and b"auth" in data:
+        return "[auth frame: token redacted]"
+    return arg
 
 
 def _all(headers: Any, name: str) -> list[str]:
@@ -277,7 +324,7 @@ def _all(headers: Any, name: str) -> list[str]:
 def _checked(token: str) -> str:
     if not token:
         raise Unauthorized("the token is empty")
-    if len(token) > MAX_TOKEN_BYTES:
+    if len(token.encode()) > MAX_TOKEN_BYTES:
         raise Unauthorized(f"the token is longer than {MAX_TOKEN_BYTES} bytes")
     return token
 
@@ -533,6 +580,12 @@ class JWTAuthenticator:
             raise Unauthorized("the token's signature does not verify") from None
         except jwt.PyJWTError as exc:
             raise Unauthorized(f"the token is not valid: {exc}") from None
+        except (TypeError, ValueError, KeyError):
+            # PyJWT preparing a key of the wrong kind for the token's alg (an
+            # ES256 token against an RSA key): the header chose, so refuse.
+            raise Unauthorized(
+                "the token's algorithm does not fit the key that verifies it"
+            ) from None
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             raise Unauthorized("the token's 'sub' claim must be a non-empty string")

@@ -202,7 +202,7 @@ def _setting_type(flag: str, kind: type) -> Callable[[str], Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .config import setting_kinds
+    from .config import setting_kinds, unknown_variables
     from .errors import StoreError
     from .server import Gateway, GatewayConfig, raise_open_file_limit
 
@@ -220,6 +220,10 @@ def _serve(args: argparse.Namespace) -> int:
             config_file=args.config,
             **{name: getattr(args, name) for name in setting_kinds()},
         )
+        for name in unknown_variables():
+            logging.getLogger("agui_hub.server").warning(
+                "%s is not a setting of agui-hub serve: ignored (see serve --help)", name
+            )
         before, after = raise_open_file_limit()
         if after != before:
             logging.getLogger("agui_hub.server").info(
@@ -284,10 +288,10 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
-def _headers(args: argparse.Namespace) -> dict[str, str]:
-    """The handshake headers of a client command: its token, if it has one."""
-    token = getattr(args, "token", None) or os.environ.get("AGUI_HUB_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def _token_of(args: argparse.Namespace) -> str | None:
+    """The token of a client command (``--token``, or ``$AGUI_HUB_TOKEN``), if any."""
+    token: str | None = getattr(args, "token", None) or os.environ.get("AGUI_HUB_TOKEN")
+    return token.strip() if token and token.strip() else None
 
 
 # -- shared helpers ---------------------------------------------------------------------------
@@ -354,8 +358,19 @@ def _run(coro_factory: Callable[[], Any], name: str) -> int:
         print(f"agui-hub {name}: {exc}", file=sys.stderr)
         return 2
     except (AguiHubError, ValueError, OSError) as exc:
-        print(f"agui-hub {name}: {exc}", file=sys.stderr)
+        print(f"agui-hub {name}: {exc}{_hint(exc)}", file=sys.stderr)
         return 1
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do about a refusal that a command-line flag fixes."""
+    code = getattr(exc, "code", None)
+    close_code = getattr(exc, "close_code", None)
+    if code == "unauthorized" or close_code == 4401:
+        return " (this gateway wants a token: pass --token or set AGUI_HUB_TOKEN)"
+    if code == "forbidden" or close_code == 4403:
+        return " (the token does not grant this thread: ask for one that does)"
+    return ""
 
 
 # -- publish -----------------------------------------------------------------------------------
@@ -453,7 +468,7 @@ async def _publish(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
         whole = True
-    async with Publisher(url, sequence=args.sequence, headers=_headers(args)) as publisher:
+    async with Publisher(url, sequence=args.sequence, token=_token_of(args)) as publisher:
         try:
             if whole:
                 # A file: check every line before anything is published.
@@ -561,13 +576,13 @@ def _start(value: str) -> Any:
     return Position(offset, epoch or None)
 
 
-async def _connect(url: str, *, wait: bool, headers: dict[str, str] | None = None) -> Any:
+async def _connect(url: str, *, wait: bool, token: str | None = None) -> Any:
     """A connected HubClient; with *wait*, retry until the gateway answers."""
     from .client import HubClient
 
     delay, told = 0.1, False
     while True:
-        client = HubClient(url, headers=headers)
+        client = HubClient(url, token=token)
         try:
             await client.connect()
             return client
@@ -597,7 +612,7 @@ async def _tail(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"{args.offset_file}: {exc}") from None
     out = _Output(sys.stdout)
-    client = await _connect(url, wait=True, headers=_headers(args))
+    client = await _connect(url, wait=True, token=_token_of(args))
     newest: tuple[int, int] | None = None
     saved_at: Position | None = None
     try:
@@ -670,7 +685,7 @@ async def _replay(args: argparse.Namespace) -> int:
 
     count = 0
     if scheme in ("ws", "wss"):
-        count = await _replay_gateway(url, thread, emit, _headers(args))
+        count = await _replay_gateway(url, thread, emit, _token_of(args))
     else:
         count = await _replay_store(url, thread, emit)
     if not args.json:
@@ -681,11 +696,11 @@ async def _replay(args: argparse.Namespace) -> int:
 
 
 async def _replay_gateway(
-    url: str, thread: str, emit: Callable[..., None], headers: dict[str, str]
+    url: str, thread: str, emit: Callable[..., None], token: str | None
 ) -> int:
     from .client import Snapshot, Subscribed, ThreadEvent
 
-    client = await _connect(url, wait=False, headers=headers)
+    client = await _connect(url, wait=False, token=token)
     count = 0
     try:
         async with client.subscribe(thread, "start") as sub:
@@ -762,7 +777,7 @@ async def _demo(args: argparse.Namespace) -> int:
         raise UsageError("--runs must be at least 1")
     if args.speed < 0:
         raise UsageError("--speed must be 0 or more")
-    async with Publisher(url, headers=_headers(args)) as publisher:
+    async with Publisher(url, token=_token_of(args)) as publisher:
         for number in range(args.runs):
             run_id = args.run_id or f"run-{uuid.uuid4().hex[:8]}"
             if args.run_id and args.runs > 1:

@@ -71,9 +71,8 @@ from typing import Any, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.frames import Frame
 
-from .auth import Grants
+from .auth import Grants, RedactingLogger
 from .chunks import ChunkExpander
 from .codec import Encoding, decode, encode
 from .errors import (
@@ -196,29 +195,7 @@ class _GatewayBusy(HubUnreachable):
         super().__init__(message)
 
 
-class _RedactingLogger(logging.LoggerAdapter[logging.Logger]):
-    """websockets' client logger, minus the credentials its debug output would show.
-
-    With DEBUG on ``websockets.client`` websockets logs every handshake header
-    (``Authorization`` holds the token) and the start of every frame (an
-    ``auth`` command holds one too).
-    """
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        if args:
-            if len(args) == 2 and isinstance(args[0], str) and args[0].lower() == "authorization":
-                args = (args[0], "Bearer [redacted]")
-            else:
-                args = tuple(
-                    "[auth frame: token redacted]"
-                    if isinstance(arg, Frame) and b"token" in arg.data and b"auth" in arg.data
-                    else arg
-                    for arg in args
-                )
-        super().log(level, msg, *args, **kwargs)
-
-
-_WEBSOCKETS_LOG = _RedactingLogger(logging.getLogger("websockets.client"), {})
+_WEBSOCKETS_LOG = RedactingLogger(logging.getLogger("websockets.client"), {})
 
 
 # -- what a subscription yields ---------------------------------------------------------------

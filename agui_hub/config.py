@@ -186,10 +186,13 @@ class GatewayConfig:
         path = config_file or env.get("AGUI_HUB_CONFIG")
         if path:
             values.update(_read_config_file(path, kinds))
+        optional = optional_settings()
         for name, kind in kinds.items():
             raw = env.get(f"AGUI_HUB_{name.upper()}")
             if raw is not None:
-                values[name] = _parse_setting(f"AGUI_HUB_{name.upper()}", raw, kind)
+                values[name] = _parse_setting(
+                    f"AGUI_HUB_{name.upper()}", raw, kind, name in optional
+                )
         for name, value in overrides.items():
             if value is not None:
                 values[name] = value
@@ -207,14 +210,37 @@ def setting_kinds() -> dict[str, type]:
     return kinds
 
 
+CLIENT_VARIABLES = frozenset(
+    {"AGUI_HUB_URL", "AGUI_HUB_TOKEN", "AGUI_HUB_CONFIG", "AGUI_HUB_JWT_SECRET_FILE"}
+)
+"""``AGUI_HUB_*`` variables that are not gateway settings (the client commands' own)."""
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``AGUI_HUB_*`` variables that name no setting: most likely typos."""
+    env = os.environ if environ is None else environ
+    known = {f"AGUI_HUB_{name.upper()}" for name in setting_kinds()} | CLIENT_VARIABLES
+    return sorted(name for name in env if name.startswith("AGUI_HUB_") and name not in known)
+
+
+def optional_settings() -> frozenset[str]:
+    """The settings that may be ``None`` (switched off): ``off`` or ``none`` in a variable."""
+    hints = typing.get_type_hints(GatewayConfig)
+    return frozenset(
+        item.name
+        for item in fields(GatewayConfig)
+        if type(None) in typing.get_args(hints[item.name])
+    )
+
+
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
-def _parse_setting(where: str, raw: str, kind: type) -> Any:
+def _parse_setting(where: str, raw: str, kind: type, optional: bool = False) -> Any:
     try:
         if kind is bool:
             return _parse_bool(raw)
-        if kind is float and raw.strip().lower() in {"none", "off"}:
+        if optional and kind is float and raw.strip().lower() in {"none", "off"}:
             return None
         return kind(raw)
     except ValueError:
@@ -230,11 +256,15 @@ def _read_config_file(path: str, kinds: dict[str, type]) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
     values: dict[str, Any] = {}
+    optional = optional_settings()
     for key, value in data.items():
         name = key.replace("-", "_")
         if name not in kinds:
             raise ValueError(f"config file {path}: unknown setting {key!r}")
         kind = kinds[name]
+        if name in optional and (value is False or value in ("off", "none")):
+            values[name] = None  # TOML has no null: `ping_interval = "off"`
+            continue
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, list) and kind is str:

@@ -220,14 +220,15 @@ class AuthError(AguiHubError):
 
 class Unauthorized(AuthError):
     """No valid credentials: the token is missing, malformed, badly signed, expired,
-    for another audience or issuer, or revoked. Get a new token and connect again
-    (or send it in an ``auth`` command)."""
+    or for another audience or issuer. Get a new token and connect again (or send
+    it in an ``auth`` command)."""
 
     code = "unauthorized"
 
 
 class Forbidden(AuthError):
-    """Valid credentials that do not grant this action on this thread.
+    """Valid credentials that do not grant this action on this thread, or
+    credentials that were revoked.
 
     Ask whoever issues the tokens for a grant (see docs/security.md).
     """

@@ -550,6 +550,10 @@ def _normal(offset: Offset) -> Offset:
 _MAX_OFFSET = (2**64 - 1, 2**64 - 1)
 
 
+class _Interrupted(Exception):
+    """The registration a subscription waited on was cancelled: register again."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Page:
     """One read of a thread: its epoch, last trimmed offset and entries after a cursor."""
@@ -640,6 +644,13 @@ class _LiveReader:
             raise self._store._timed_out(f"the subscription to thread {sub.thread!r}") from None
 
     async def _register(self, sub: FeedSubscription) -> None:
+        # A registration that another one was waiting on can be cancelled (its
+        # client went away): the waiters then register afresh rather than fail.
+        while not await self._register_once(sub):
+            pass
+
+    async def _register_once(self, sub: FeedSubscription) -> bool:
+        """Register *sub*; ``False`` when the registration it waited on was cancelled."""
         thread = sub.thread
         feed = self._feeds.get(thread)
         if feed is None:
@@ -657,13 +668,9 @@ class _LiveReader:
             except BaseException as exc:
                 if self._feeds.get(thread) is feed:
                     self._drop(thread, unsubscribe=True)
-                # Concurrent registrations of the thread fail too (with an error
-                # of their own kind, not this task's cancellation).
-                feed.error = (
-                    exc
-                    if isinstance(exc, Exception)
-                    else StoreUnavailable(f"subscribing to thread {thread!r} was interrupted")
-                )
+                # Concurrent registrations of the thread fail too with a store
+                # error; this task's cancellation is its own: they try again.
+                feed.error = exc if isinstance(exc, Exception) else _Interrupted()
                 feed.ready.set()
                 raise
         else:
@@ -680,7 +687,10 @@ class _LiveReader:
             raise
         if feed.error is not None:
             feed.subs.discard(sub)
+            if isinstance(feed.error, _Interrupted):
+                return False
             raise feed.error
+        return True
 
     def unregister(self, sub: FeedSubscription) -> None:
         feed = self._feeds.get(sub.thread)

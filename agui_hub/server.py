@@ -41,6 +41,7 @@ from .auth import (
     Grants,
     Identity,
     JWTAuthenticator,
+    RedactingLogger,
     TokenSource,
     credentials_of,
     scoped_event_id,
@@ -654,8 +655,11 @@ class _Socket(ServerConnection):
     """A client socket, counted from the moment it is accepted until it is gone.
 
     The counts keep the gateway under its open-file limit whatever clients
-    do: a socket past ``max_connections + HANDSHAKE_HEADROOM`` is dropped at
-    once, and every admitted WebSocket is released here, however it ends.
+    do: past ``max_connections + HANDSHAKE_HEADROOM`` sockets, the oldest one
+    that has not sent its request yet is dropped to make room (sockets that
+    connect and say nothing cannot lock out a health check), or the new one
+    when all are busy; every admitted WebSocket is released here, however it
+    ends.
     """
 
     gateway: Gateway
@@ -668,14 +672,19 @@ class _Socket(ServerConnection):
         super().connection_made(transport)
         gateway = self.gateway
         gateway.sockets += 1
+        gateway.silent[self] = None
         if gateway.sockets > gateway.socket_cap:
+            # No descriptor to spare for even a refusal: drop the socket that
+            # has been silent longest (maybe this one).
             gateway.refused_sockets += 1
-            assert isinstance(transport, asyncio.Transport)
-            transport.abort()  # no fd to spare for even a refusal
+            victim = next(iter(gateway.silent))
+            del gateway.silent[victim]
+            victim.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         gateway = self.gateway
         gateway.sockets -= 1
+        gateway.silent.pop(self, None)
         gateway.release(self)
         super().connection_lost(exc)
 
@@ -695,7 +704,9 @@ class Gateway:
         authenticator: Authenticator | None = None,
     ) -> None:
         self.config = config
-        self.authenticator: Authenticator = authenticator or build_authenticator(config)
+        self.authenticator: Authenticator = (
+            authenticator if authenticator is not None else build_authenticator(config)
+        )
         self._custom_auth = authenticator is not None
         self.allowed_origins = {o.rstrip("/") for o in split_list(config.allowed_origins)}
         if config.jwt_cookie and (not self.allowed_origins or "*" in self.allowed_origins):
@@ -733,6 +744,8 @@ class Gateway:
         self.admitted = 0
         """WebSocket connections admitted (handshake accepted) and not yet gone."""
         self.per_address: Counter[str] = Counter()
+        self.silent: dict[_Socket, None] = {}
+        """Sockets that have not sent their HTTP request yet, oldest first."""
         self.refused_sockets = 0
         """Sockets dropped at once because the gateway had no room for them."""
 
@@ -895,6 +908,7 @@ class Gateway:
     # HTTP side -------------------------------------------------------------------------------
 
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        self.silent.pop(ws, None)  # type: ignore[call-overload]
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             return ws.respond(http.HTTPStatus.OK, "ok\n")
@@ -1073,6 +1087,7 @@ class Gateway:
             server_header=SERVER_HEADER,
             create_connection=Socket,
             ssl=tls,
+            logger=RedactingLogger(logging.getLogger("websockets.server"), {}),
         )
         if isinstance(self.authenticator, JWTAuthenticator) or self._custom_auth:
             self._auth_watch = asyncio.create_task(self._watch_credentials())

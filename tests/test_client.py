@@ -31,6 +31,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
+from agui_hub.auth import Anonymous, Credentials, Grants, Identity, TokenSource
 from agui_hub.client import (
     ClientState,
     HubClient,
@@ -41,14 +42,17 @@ from agui_hub.client import (
     Subscription,
     ThreadEvent,
 )
+from agui_hub.codec import decode
 from agui_hub.errors import (
     ClientError,
     CommandRejected,
     ConnectionRejected,
+    Forbidden,
     HubUnreachable,
     InvalidEvent,
     PayloadTooLarge,
     SequenceError,
+    Unauthorized,
 )
 from agui_hub.memory_store import MemoryStore
 from agui_hub.offsets import offset_key
@@ -56,7 +60,7 @@ from agui_hub.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, CloseCode
 from agui_hub.redis_store import RedisStore
 from agui_hub.reducer import fold
 from agui_hub.sequence import SequenceVerifier
-from agui_hub.server import Action, Connection, ConnectionState, Gateway, GatewayConfig, Principal
+from agui_hub.server import Connection, ConnectionState, Gateway, GatewayConfig
 from agui_hub.store import Retention, ThreadStore
 from agui_hub.writer import ThreadWriter
 
@@ -242,12 +246,12 @@ class Env:
         """Publishes straight into the store (works while no gateway runs)."""
         return ThreadWriter(self.store())
 
-    async def gateway(self, port: int = 0, authorizer: Any = None, **config: Any) -> Gateway:
+    async def gateway(self, port: int = 0, authenticator: Any = None, **config: Any) -> Gateway:
         config.setdefault("ping_interval", None)
         gateway = Gateway(
             GatewayConfig(host="127.0.0.1", port=port, **config),
             store=self.store(),
-            authorizer=authorizer,
+            authenticator=authenticator,
         )
         await asyncio.wait_for(gateway.start(), WAIT)
         self.gateways.append(gateway)
@@ -341,18 +345,36 @@ async def publish_all(
     return offsets
 
 
-class Recorder:
-    """An Authorizer that allows everything and records every decision it was asked for."""
+class Received:
+    """Every frame the gateway's connections receive from clients, decoded, in order.
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[Action, str | None]] = []
+    Wraps :meth:`Connection.receive` for the test (*monkeypatch* undoes it), so
+    it sees each command before the gateway parses or judges it: what reached
+    the gateway, whatever became of it. (The authentication seam is asked once
+    per connection, not per command.)
+    """
 
-    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-        self.calls.append((action, thread))
-        return True
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.frames: list[Any] = []
+        original = Connection.receive
 
-    def publishes(self) -> list[str | None]:
-        return [thread for action, thread in self.calls if action is Action.PUBLISH]
+        async def receive(conn: Connection, data: bytes | str) -> None:
+            try:
+                self.frames.append(decode(data, conn.encoding, max_size=None))
+            except Exception as exc:  # recorded all the same: it reached the gateway
+                self.frames.append({"type": f"undecodable: {exc}"})
+            await original(conn, data)
+
+        monkeypatch.setattr(Connection, "receive", receive)
+
+    def types(self) -> list[Any]:
+        return [f.get("type") if isinstance(f, dict) else None for f in self.frames]
+
+    def threads(self, kind: str) -> list[Any]:
+        """The thread of each frame of type *kind* (``publish``, ``subscribe``, ...)."""
+        return [
+            f.get("thread") for f in self.frames if isinstance(f, dict) and f.get("type") == kind
+        ]
 
 
 # -- 1. subscribe: live, start, snapshot, from a position ----------------------------------------
@@ -717,18 +739,31 @@ async def test_bursts_over_the_send_queue_need_no_reconnect(env: Env, encoding: 
 
 
 class Gate:
-    """An Authorizer that allows everything but holds new connections while it is shut."""
+    """An Authenticator that lets everyone in but holds handshakes while it is shut.
+
+    Connections without a token are anonymous with every grant (as without
+    authentication). ``authenticate`` is awaited at each handshake that carries
+    a token, so a client given ``token=`` is held there on every (re)connection
+    while the gate is shut; its token is its subject, with every grant.
+    """
 
     def __init__(self) -> None:
+        self.anonymous: Identity | None = Anonymous().anonymous
         self.opened = asyncio.Event()
         self.opened.set()
         self.held = 0
 
-    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-        if action is Action.CONNECT and not self.opened.is_set():
+    async def authenticate(self, credentials: Credentials) -> Identity:
+        if not self.opened.is_set():
             self.held += 1
             await asyncio.wait_for(self.opened.wait(), WAIT)
-        return True
+        return Identity(credentials.token, Grants.everything())
+
+    def revoked(self, identity: Identity) -> bool:
+        return False
+
+    def reload(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -737,7 +772,7 @@ async def test_resume_after_the_history_was_trimmed_gets_a_snapshot(
 ) -> None:
     env.retention = Retention(max_len=20)
     gate = Gate()
-    gateway = await env.gateway(authorizer=gate)
+    gateway = await env.gateway(authenticator=gate)
     thread = "trimmed"
     # A viewer from before the first event keeps the gateway folding the whole
     # thread, so the snapshot is complete although the store trims.
@@ -747,7 +782,10 @@ async def test_resume_after_the_history_was_trimmed_gets_a_snapshot(
     events = opening(thread, "r1", "m1") + deltas("m1", 10)
     offsets = await publish_all(writer, thread, events)
     epoch = await gateway.store.epoch(thread)
-    client = await env.client(gateway, encoding, backoff_min=0.02, backoff_max=0.1)
+    # With a token, so that its reconnection is authenticated, and held, at the handshake.
+    client = await env.client(
+        gateway, encoding, backoff_min=0.02, backoff_max=0.1, token="trimmed-viewer"
+    )
     sub = await client.subscribe(thread, "start", state=True).open()
     before = await take_until_offset(sub, offsets[-1])
     assert thread_events([i for i, _ in before]) == list(zip(offsets, events, strict=True))
@@ -1144,9 +1182,11 @@ async def test_publish_sequence_error_stores_nothing(env: Env, encoding: str) ->
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-async def test_publish_checks_locally_before_sending(mem: Env, encoding: str) -> None:
-    recorder = Recorder()
-    gateway = await mem.gateway(authorizer=recorder)
+async def test_publish_checks_locally_before_sending(
+    mem: Env, encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received = Received(monkeypatch)
+    gateway = await mem.gateway()
     thread = "local"
     client = await mem.client(gateway, encoding, max_frame_bytes=4096)
     run = [{"type": "RUN_STARTED", "threadId": thread, "runId": "r1"}]
@@ -1164,13 +1204,14 @@ async def test_publish_checks_locally_before_sending(mem: Env, encoding: str) ->
         await client.publish(thread, run, ["a", "b"])
     # Nothing reached the gateway: the round trip of a ping comes after any of it.
     await asyncio.wait_for(client.ping(), WAIT)
-    assert recorder.publishes() == []
+    assert received.threads("publish") == []
+    assert received.types() == ["ping"]  # what was sent: only the ping
     assert await gateway.store.epoch(thread) is None
 
     # Just under the limit is sent and stored.
     offsets = await client.publish(thread, [*run, {"type": "CUSTOM", "name": "pad",
                                                     "value": "x" * 3000}])  # fmt: skip
-    assert recorder.publishes() == [thread]
+    assert received.threads("publish") == [thread]
     assert [e.offset for e in await gateway.store.read(thread)] == offsets
 
 
@@ -1245,16 +1286,6 @@ async def test_publish_retried_after_a_lost_reply_is_stored_once(env: Env, encod
 # -- 7. errors -----------------------------------------------------------------------------------
 
 
-class Policy:
-    """An Authorizer refusing chosen (action, thread) pairs; ``None`` as thread: any."""
-
-    def __init__(self, *refused: tuple[Action, str | None]) -> None:
-        self.refused = set(refused)
-
-    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-        return (action, thread) not in self.refused and (action, None) not in self.refused
-
-
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_nothing_listening_raises_hub_unreachable_quickly(encoding: str) -> None:
     port = free_port()
@@ -1275,20 +1306,50 @@ async def test_nothing_listening_raises_hub_unreachable_quickly(encoding: str) -
         await client.publish("t", [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}])
 
 
+class RefuseAll:
+    """An Authenticator refusing every token as revoked (HTTP 403), and anonymity."""
+
+    anonymous: Identity | None = None
+
+    def __init__(self) -> None:
+        self.refused: list[Credentials] = []
+
+    async def authenticate(self, credentials: Credentials) -> Identity:
+        self.refused.append(credentials)
+        raise Forbidden("these credentials were revoked")
+
+    def revoked(self, identity: Identity) -> bool:
+        return True
+
+    def reload(self) -> None:
+        pass
+
+
 async def test_refused_connection_raises_connection_rejected(mem: Env) -> None:
-    gateway = await mem.gateway(authorizer=Policy((Action.CONNECT, None)))
+    refuse = RefuseAll()
+    gateway = await mem.gateway(authenticator=refuse)
     for encoding in ENCODINGS:
-        client = HubClient(f"ws://127.0.0.1:{gateway.config.port}", encoding=encoding)
+        # With a token: refusals happen at the handshake, where the token is
+        # judged. (Without one, a gateway that requires authentication accepts
+        # the connection and waits auth_timeout for an auth command, then
+        # closes with 4401: tests/test_client_auth.py covers that.)
+        client = HubClient(
+            f"ws://127.0.0.1:{gateway.config.port}", encoding=encoding, token="refused"
+        )
         with pytest.raises(ConnectionRejected) as info:
             await asyncio.wait_for(client.connect(), WAIT)
-        assert info.value.close_code == CloseCode.FORBIDDEN
+        assert info.value.close_code == CloseCode.FORBIDDEN  # HTTP 403
         assert not isinstance(info.value, HubUnreachable)
+    assert refuse.refused == [Credentials("refused", TokenSource.HEADER)] * 2  # no retry
     assert gateway.connections == set()
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_refused_subscription_fails_only_that_subscription(mem: Env, encoding: str) -> None:
-    gateway = await mem.gateway(authorizer=Policy((Action.SUBSCRIBE, "secret")))
+    # Anonymous connections may read "public" only, and publish anywhere.
+    gateway = await mem.gateway(
+        authenticator=Anonymous(Grants(subscribe=("public",), publish=("*",)))
+    )
     client = await mem.client(gateway, encoding)
     secret = client.subscribe("secret", "start")
     public = client.subscribe("public", "start")
@@ -1490,17 +1551,46 @@ async def test_gateway_closing_for_good_is_not_retried(mem: Env, code: CloseCode
         await asyncio.wait_for(client.ping(), WAIT)
 
 
-async def test_headers_reach_the_authorizer(mem: Env) -> None:
+async def test_headers_reach_the_authenticator(mem: Env) -> None:
     class Tokens:
-        async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-            return principal.headers.get("Authorization") == "Bearer good"
+        """Accepts the token "good" only; no anonymous access."""
 
-    gateway = await mem.gateway(authorizer=Tokens())
+        anonymous: Identity | None = None
+
+        def __init__(self) -> None:
+            self.seen: list[Credentials] = []
+
+        async def authenticate(self, credentials: Credentials) -> Identity:
+            self.seen.append(credentials)
+            if credentials.token != "good":
+                raise Unauthorized("not a good token")
+            return Identity("good", Grants.everything())
+
+        def revoked(self, identity: Identity) -> bool:
+            return False
+
+        def reload(self) -> None:
+            pass
+
+    tokens = Tokens()
+    gateway = await mem.gateway(authenticator=tokens)
     good = await mem.client(gateway, headers={"Authorization": "Bearer good"})
     assert await asyncio.wait_for(good.ping(), WAIT) >= 0
-    bad = HubClient(f"ws://127.0.0.1:{gateway.config.port}", headers={"Authorization": "x"})
-    with pytest.raises(ConnectionRejected):
+    url = f"ws://127.0.0.1:{gateway.config.port}"
+    bad = HubClient(url, headers={"Authorization": "Bearer bad"})
+    with pytest.raises(ConnectionRejected) as info:
         await asyncio.wait_for(bad.connect(), WAIT)
+    assert info.value.close_code == CloseCode.UNAUTHORIZED  # HTTP 401
+    assert tokens.seen == [
+        Credentials("good", TokenSource.HEADER),
+        Credentials("bad", TokenSource.HEADER),
+    ]
+    # An Authorization header that is not a bearer token is refused before
+    # the authenticator is asked.
+    malformed = HubClient(url, headers={"Authorization": "x"})
+    with pytest.raises(ConnectionRejected):
+        await asyncio.wait_for(malformed.connect(), WAIT)
+    assert len(tokens.seen) == 2
 
 
 async def test_subscribing_while_reconnecting_takes_effect_once_back(env: Env) -> None:
@@ -1637,22 +1727,12 @@ async def test_chunk_stream_continues_across_a_snapshot(mem: Env, continuation: 
     assert (sub.state.messages, sub.state.state) == folded(head + tail)
 
 
-class SubscribeCounter:
-    """An Authorizer that allows everything and counts subscribe commands per thread."""
-
-    def __init__(self) -> None:
-        self.subscribes: list[str | None] = []
-
-    async def authorize(self, principal: Principal, action: Action, thread: str | None) -> bool:
-        if action is Action.SUBSCRIBE:
-            self.subscribes.append(thread)
-        return True
-
-
-async def test_subscribing_right_after_connecting_sends_one_subscribe(mem: Env) -> None:
+async def test_subscribing_right_after_connecting_sends_one_subscribe(
+    mem: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The connection task must not resubscribe what subscribe() just sent."""
-    counter = SubscribeCounter()
-    gateway = await mem.gateway(authorizer=counter)
+    received = Received(monkeypatch)
+    gateway = await mem.gateway()
     thread = "once"
     writer = mem.writer()
     events = [
@@ -1672,7 +1752,7 @@ async def test_subscribing_right_after_connecting_sends_one_subscribe(mem: Env) 
             got = await take_until_offset(sub, offsets[-1])
             await client.ping()
     assert [i.offset for i, _ in got if isinstance(i, ThreadEvent)] == offsets
-    assert counter.subscribes == [thread]
+    assert received.threads("subscribe") == [thread]
 
 
 # -- 11. failing gateways: backoff, untrusted replies, frames the client cannot take ---------

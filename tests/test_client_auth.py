@@ -221,7 +221,7 @@ async def test_a_token_is_accepted_and_never_logged(
     logged = "\n".join(
         r.getMessage() for r in caplog.records if r.name in ("websockets.client", "agui_hub.client")
     )
-    assert "Bearer [redacted]" in logged  # the handshake header was logged, redacted
+    assert "Authorization: [redacted]" in logged  # the handshake header was logged, redacted
     assert "[auth frame: token redacted]" in logged
     assert signature not in logged
     assert signature not in repr(client) and signature not in repr(answer)

@@ -317,6 +317,46 @@ def test_python_examples(tmp_path: Path, terminals: list[Terminal], redis_server
     assert events[0] == {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"}
 
 
+def test_security_section(tmp_path: Path, terminals: list[Terminal]) -> None:
+    """The README's security commands, verbatim: a JWT gateway, a token per party, a
+    run published and replayed with them; and the same replay without a token refused."""
+    section = README.split("## Security", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
+    lines = [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    setup, serve, mint, demo, replay = lines
+    port = free_port()
+    env = environment(port, None)
+    subprocess.run(["bash", "-c", setup], cwd=tmp_path, env=env, check=True, timeout=WAIT)
+    assert len((tmp_path / "secret").read_text().strip()) >= 32
+    hub = Terminal(serve, tmp_path, env, "serve")
+    terminals.append(hub)
+    wait_listening(hub, port)
+    assert "authentication: JWT" in hub.errors()
+    for name, command in (("token", mint), ("demo", demo)):
+        terminal = Terminal(command, tmp_path, env, name)
+        terminals.append(terminal)
+        assert terminal.wait() == 0, terminal.errors()
+    assert (tmp_path / "agent.jwt").read_text().count(".") == 2  # a JWT
+    viewer = Terminal(replay, tmp_path, env, "replay")
+    terminals.append(viewer)
+    assert viewer.wait() == 0, viewer.errors()
+    assert "run finished" in viewer.output() or "finished" in viewer.output(), viewer.output()
+    # Without a token, or with one for another tenant, nothing is shown.
+    anonymous = subprocess.run(
+        ["agui-hub", "replay", "tenant-42/run-1"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=WAIT,
+    )  # fmt: skip
+    assert anonymous.returncode == 1 and "pass --token" in anonymous.stderr, anonymous.stderr
+    stranger = subprocess.run(
+        ["bash", "-c", replay.replace("tenant-42/*", "tenant-7/*")], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=WAIT,
+    )  # fmt: skip
+    assert stranger.returncode == 1, stranger.stderr
+    assert "does not grant this thread" in stranger.stderr, stranger.stderr
+    assert "Traceback" not in hub.errors()
+    EXERCISED.update(command_lines(block))
+
+
 def test_every_readme_command_is_exercised() -> None:
     """Every ``agui-hub`` command line in a README shell block is run by this module."""
     if not EXERCISED:

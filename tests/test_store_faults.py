@@ -542,3 +542,41 @@ async def test_a_failed_subscribe_unsubscribes(
         assert await admin.hget(meta_key("agui", "t"), "epoch")
     finally:
         await store.close()
+
+
+async def test_a_cancelled_subscribe_does_not_fail_the_one_waiting_on_it(
+    own_redis: RedisServer, admin: aioredis.Redis, stopped_guard: None
+) -> None:
+    """Two viewers subscribe to the same thread at once and the first goes away (its
+    client disconnected) while the second waits for the first's registration: the
+    second registers afresh and gets its events (it was answered store_unavailable)."""
+    store = RedisStore(own_redis.url, op_timeout=5)
+    try:
+        await store.append("t", [item(0)])
+        async with store.subscribe("other"):
+            for n in range(1, 6):  # the same race, a few times
+                first = store.subscribe("t")
+                second = store.subscribe("t")
+                with Stopped(own_redis):
+                    # Redis is stopped: the first registration hangs in its first
+                    # command, and the second waits for it.
+                    opening = asyncio.create_task(first.open())
+                    await asyncio.sleep(0.05)
+                    waiting = asyncio.create_task(second.open())
+                    await asyncio.sleep(0.05)
+                    assert not waiting.done()
+                    opening.cancel()
+                    await asyncio.sleep(0.05)
+                await within(waiting)  # opened, not StoreUnavailable
+                with pytest.raises(asyncio.CancelledError):
+                    await opening
+                try:
+                    reading = asyncio.create_task(collect(second, 1))
+                    await asyncio.sleep(0.1)
+                    await store.append("t", [item(n)])
+                    assert [delta(e) for e in await within(reading)] == [f"d{n}"]
+                finally:
+                    await second.close()
+                assert store.live_threads == 1  # "other" only
+    finally:
+        await store.close()
