@@ -169,6 +169,7 @@ class ThreadChannel:
         self.generation = 0
         """Bumped on every (re)load, so that a join or catch-up in progress notices a reset."""
         self._since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
         self._checkpointing: asyncio.Future[None] | None = None
         self._checkpoint_due = False
         self._skipped = 0
@@ -221,6 +222,7 @@ class ThreadChannel:
             self.state, self.epoch, self.cursor, self.complete = state, epoch, cursor, complete
             self.generation += 1
             self._since_checkpoint = 0
+            self._bytes_since_checkpoint = 0
             self._feed = feed
             return
         raise StoreUnavailable(
@@ -289,16 +291,22 @@ class ThreadChannel:
             return False
         return True
 
-    def _maybe_checkpoint(self) -> None:
+    def _maybe_checkpoint(self, size: int) -> None:
         self._since_checkpoint += 1
-        # Often enough that retention never trims past the last checkpoint.
+        self._bytes_since_checkpoint += size
+        # Often enough that retention (by length or by bytes) never trims past
+        # the last checkpoint.
         interval = CHECKPOINT_EVERY
-        max_len = self.hub.store.retention.max_len
-        if max_len:
-            interval = min(interval, max(1, max_len // 2))
-        if self._since_checkpoint < interval or self.epoch is None:
+        retention = self.hub.store.retention
+        if retention.max_len:
+            interval = min(interval, max(1, retention.max_len // 2))
+        due = self._since_checkpoint >= interval or (
+            retention.max_bytes > 0 and self._bytes_since_checkpoint >= retention.max_bytes // 2
+        )
+        if not due or self.epoch is None:
             return
         self._since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
         if self._checkpointing is not None and not self._checkpointing.done():
             self._checkpoint_due = True  # written as soon as the one in flight is done
             return
@@ -479,7 +487,7 @@ class ThreadChannel:
             self.complete = False
         self.cursor = entry.offset
         self.entry_size += (len(entry.data) - self.entry_size) // 16
-        self._maybe_checkpoint()
+        self._maybe_checkpoint(len(entry.data))
         key = offset_key(entry.offset)
         for sub, member in list(self.members.items()):
             if member.phase is not Phase.LIVE or key <= member.last:

@@ -97,6 +97,28 @@ async def test_a_new_process_folds_a_trimmed_thread_from_the_checkpoint() -> Non
     await second.close()
 
 
+async def test_checkpoints_keep_up_with_retention_by_bytes() -> None:
+    # Trimmed by bytes, not length: checkpoints come every max_bytes / 2 bytes.
+    store = MemoryStore(retention=Retention(max_len=0, max_bytes=8_000))
+    events = run_events(1200)  # ~40 bytes each: the store keeps ~200 of them
+    first = hub_module.Hub(store)
+    keeper = Viewer()
+    await first.subscribe(keeper, "t", 1, StartKind.LIVE, None)
+    await publish_all(first, events)
+    await asyncio.sleep(0.05)
+    info = await store.info("t")
+    assert info is not None and info.length < 400  # most of the thread was trimmed
+    await first.close()
+
+    second = hub_module.Hub(store)
+    late = Viewer()
+    await second.subscribe(late, "t", 1, StartKind.SNAPSHOT, None)
+    (snapshot,) = late.of_type("snapshot")
+    assert snapshot["complete"] is True
+    assert fold(snapshot["events"]) == fold(events)
+    await second.close()
+
+
 async def test_without_a_checkpoint_a_trimmed_thread_gives_an_incomplete_snapshot() -> None:
     store = MemoryStore(retention=Retention(max_len=50))
     events = run_events(300)
