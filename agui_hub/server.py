@@ -21,6 +21,7 @@ import contextlib
 import enum
 import http
 import logging
+import math
 import signal
 import ssl
 import time
@@ -748,6 +749,8 @@ class Gateway:
         """Sockets that have not sent their HTTP request yet, oldest first."""
         self.refused_sockets = 0
         """Sockets dropped at once because the gateway had no room for them."""
+        self.backlog = MAX_BACKLOG
+        """The listen backlog: also how many sockets asyncio accepts in one go."""
 
     # Admission ---------------------------------------------------------------------------------
 
@@ -1005,11 +1008,18 @@ class Gateway:
             )
 
     def _fit_open_files(self) -> None:
-        """Lower the connection cap so that every socket fits under the open-file limit."""
+        """Lower the connection cap so that every socket fits under the open-file limit.
+
+        Besides the sockets it counts, the process holds sockets that asyncio
+        accepted in one go before the gateway could look at them (up to the
+        listen backlog), and dropped ones whose descriptor is closed on the
+        next turn of the loop (up to a backlog more): room for both is kept.
+        """
         limit = open_file_limit()
         if limit is None:
             return
-        room = limit - FD_RESERVE - HANDSHAKE_HEADROOM
+        self.backlog = max(MIN_BACKLOG, min(MAX_BACKLOG, limit // 16))
+        room = limit - FD_RESERVE - HANDSHAKE_HEADROOM - 2 * self.backlog
         if room < self.max_connections:
             fitted = max(1, room)
             log.warning(
@@ -1086,6 +1096,7 @@ class Gateway:
             compression=None,
             server_header=SERVER_HEADER,
             create_connection=Socket,
+            backlog=self.backlog,
             ssl=tls,
             logger=RedactingLogger(logging.getLogger("websockets.server"), {}),
         )
@@ -1150,6 +1161,7 @@ class Gateway:
                 loop.add_signal_handler(sig, stop.set)
         with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
             loop.add_signal_handler(signal.SIGHUP, self.check_revocations)
+        loop.set_exception_handler(_AcceptFailures(loop.get_exception_handler()))
         await self.start()
         try:
             await stop.wait()
@@ -1162,6 +1174,11 @@ class Gateway:
 SERVER_HEADER = "agui-hub"
 """The ``Server`` header of every response: no versions for a scanner to match."""
 
+MAX_BACKLOG = 100
+"""The listen backlog (asyncio's default), lowered under a small open-file limit."""
+
+MIN_BACKLOG = 8
+
 AUTH_FILES_INTERVAL = 5 * SECONDS
 """How often the key and revocation files are checked for changes."""
 
@@ -1170,3 +1187,38 @@ def _grants_text(grants: Grants) -> str:
     read = ", ".join(grants.subscribe) or "nothing"
     write = ", ".join(grants.publish) or "nothing"
     return f"read {read}; publish {write}"
+
+
+class _AcceptFailures:
+    """The loop's exception handler: asyncio's "accept() out of system resource"
+    once per interval with a count, not once per failed accept with a traceback.
+
+    The connection cap keeps the gateway's own sockets under the open-file
+    limit; this is for descriptors taken by something else (the store, a
+    lowered limit), where asyncio would otherwise log thousands of tracebacks.
+    """
+
+    INTERVAL = 10 * SECONDS
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+        self.failures = 0
+        self.logged_at = -math.inf
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            self.failures += 1
+            now = time.monotonic()
+            if now - self.logged_at >= self.INTERVAL:
+                log.error(
+                    "out of file descriptors: %d connection(s) could not be accepted (%s); "
+                    "raise the open-file limit or lower --max-connections",
+                    self.failures,
+                    context.get("exception"),
+                )
+                self.logged_at, self.failures = now, 0
+            return
+        if self.previous is not None:
+            self.previous(loop, context)
+        else:
+            loop.default_exception_handler(context)

@@ -183,3 +183,25 @@ def test_settings_that_cannot_be_served_are_usage_errors(
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_failed_accepts_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio logs a traceback per failed accept; the gateway's handler, one line
+    per interval with a count (the old bug: 40,482 tracebacks in 23 s)."""
+    from agui_hub.server import _AcceptFailures
+
+    passed: list[dict[str, object]] = []
+    handler = _AcceptFailures(lambda loop, context: passed.append(context))
+    loop = asyncio.new_event_loop()
+    try:
+        error = OSError(24, "Too many open files")
+        with caplog.at_level(logging.ERROR, logger="agui_hub.server"):
+            for _ in range(1000):
+                handler(loop, {"message": "socket.accept() out of system resource",
+                               "exception": error})  # fmt: skip
+            handler(loop, {"message": "something else"})
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "agui_hub.server"]
+    assert len(lines) == 1 and "out of file descriptors" in lines[0]
+    assert passed == [{"message": "something else"}]  # other errors go on as before
