@@ -29,10 +29,10 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from .errors import Forbidden, Unauthorized
 
@@ -224,7 +224,7 @@ class TokenSource(enum.StrEnum):
 class Credentials:
     """The token a handshake carried, and where."""
 
-    token: str
+    token: str = field(repr=False)
     source: TokenSource
 
 
@@ -266,7 +266,9 @@ def credentials_of(
         for value in _all(headers, "Cookie"):
             for part in value.split(";"):
                 name, equals, content = part.partition("=")
-                if equals and name.strip() == cookie:
+                if equals and name.strip() == cookie and found is None:
+                    # The first: browsers send the most specific cookie first,
+                    # so a sibling subdomain's planted one does not win.
                     found = content.strip().strip('"')
         if found is not None:
             return Credentials(_checked(found), TokenSource.COOKIE)
@@ -274,13 +276,23 @@ def credentials_of(
 
 
 _SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
-_TOKEN_IN_QUERY = re.compile(rf"({QUERY_TOKEN}=)[^&\s]*")
+_QUERY_PARAMETER = re.compile(r"([?&;]|^)([^=&;?\s]*)=([^&;\s]*)")
 _TOKEN_IN_SUBPROTOCOL = re.compile(rf"({re.escape(SUBPROTOCOL_TOKEN_PREFIX)})[^,\s]*")
 
 
 def redact(text: str) -> str:
-    """*text* (a path, a header value) with any token in it replaced by ``[redacted]``."""
-    text = _TOKEN_IN_QUERY.sub(r"\1[redacted]", text)
+    """*text* (a path, a header value) with any token in it replaced by ``[redacted]``.
+
+    A query parameter is matched by its decoded name, as the gateway reads it
+    (``access%5Ftoken`` is ``access_token`` too).
+    """
+
+    def parameter(match: re.Match[str]) -> str:
+        if unquote_plus(match.group(2)) == QUERY_TOKEN:
+            return f"{match.group(1)}{match.group(2)}=[redacted]"
+        return match.group(0)
+
+    text = _QUERY_PARAMETER.sub(parameter, text)
     return _TOKEN_IN_SUBPROTOCOL.sub(r"\1[redacted]", text)
 
 
@@ -308,10 +320,16 @@ class RedactingLogger(logging.LoggerAdapter[logging.Logger]):
 def _redacted_arg(arg: object) -> object:
     if isinstance(arg, str):
         return redact(arg)
-    data = getattr(arg, "data", None)  # a websockets Frame
-    if isinstance(data, bytes | bytearray) and b"token" in data and b"auth" in data:
-        return "[auth frame: token redacted]"
+    data = getattr(arg, "data", None)
+    opcode = getattr(arg, "opcode", None)
+    if isinstance(data, bytes | bytearray) and getattr(opcode, "name", "") in DATA_OPCODES:
+        # A websockets Frame of data: any of them may hold a token (an auth
+        # command, in any JSON spelling or split over fragments): its size only.
+        return f"{opcode.name} [{len(data)} bytes]"  # type: ignore[union-attr]
     return arg
+
+
+DATA_OPCODES = frozenset({"TEXT", "BINARY", "CONT"})
 
 
 def _all(headers: Any, name: str) -> list[str]:
@@ -390,7 +408,7 @@ SYMMETRIC_ALGORITHMS = ("HS256", "HS384", "HS512")
 class JWTSettings:
     """How tokens are verified. Give a secret, a public key, or a JWKS file."""
 
-    secret: str | None = None
+    secret: str | None = field(default=None, repr=False)
     """The HS256 shared secret (at least 32 bytes)."""
     public_key_file: str | None = None
     """A PEM public key (RSA, EC or Ed25519) for RS256 / ES256 / EdDSA tokens."""
@@ -559,13 +577,20 @@ class JWTAuthenticator:
                 audience=settings.audience,
                 issuer=settings.issuer,
                 leeway=settings.leeway,
-                options={"require": required, "verify_aud": settings.audience is not None},
+                # With no audience configured PyJWT refuses tokens that name
+                # one: they were minted for another service.
+                options={"require": required},
             )
         except jwt.ExpiredSignatureError:
             raise Unauthorized("the token has expired: get a new one") from None
         except jwt.ImmatureSignatureError:
             raise Unauthorized("the token is not valid yet (nbf)") from None
         except jwt.InvalidAudienceError:
+            if settings.audience is None:
+                raise Unauthorized(
+                    "the token names an audience (aud) and this gateway expects none: "
+                    "set jwt_audience, or mint tokens without aud"
+                ) from None
             raise Unauthorized(f"the token is not for audience {settings.audience!r}") from None
         except jwt.InvalidIssuerError:
             raise Unauthorized(f"the token is not from issuer {settings.issuer!r}") from None
@@ -593,13 +618,15 @@ class JWTAuthenticator:
             grants = Grants.from_claim(claims.get(settings.grants_claim))
         except ValueError as exc:
             raise Unauthorized(f"the token's {settings.grants_claim!r} claim: {exc}") from None
-        expires = claims.get("exp")
+        expires: float | None = None
+        if claims.get("exp") is not None:
+            try:  # PyJWT accepts a numeric string too: the deadline must hold for it
+                expires = float(claims["exp"])
+            except (TypeError, ValueError):
+                raise Unauthorized("the token's 'exp' claim is not a number") from None
         token_id = claims.get("jti")
         identity = Identity(
-            subject,
-            grants,
-            float(expires) if isinstance(expires, int | float) else None,
-            token_id if isinstance(token_id, str) else None,
+            subject, grants, expires, token_id if isinstance(token_id, str) else None
         )
         if self.revoked(identity):
             raise Forbidden("the token was revoked: do not use it again")

@@ -14,7 +14,7 @@ import os
 import tomllib
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ class GatewayConfig:
     """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
 
     # Authentication (docs/security.md) ----------------------------------------------------
-    jwt_secret: str = ""
+    jwt_secret: str = field(default="", repr=False)
     """HS256 shared secret (32 bytes or more). Prefer ``jwt_secret_file``: a flag or an
     environment variable can be read by other users of the machine."""
     jwt_secret_file: str = ""

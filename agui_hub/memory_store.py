@@ -14,6 +14,7 @@ process cannot see them. Use Redis to share threads between gateways.
 from __future__ import annotations
 
 import bisect
+import itertools
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +62,10 @@ class _Thread:
     """Sum of ``len(entry.data)`` over ``entries``."""
 
 
+PRUNE_SAMPLE = 64
+"""Threads checked for expiry per try at a full tenant quota."""
+
+
 class MemoryStore:
     """Thread streams in this process's memory."""
 
@@ -74,7 +79,8 @@ class MemoryStore:
         self.retention = retention or Retention()
         self._clock = clock
         self._threads: dict[str, _Thread] = {}
-        self._tenants: dict[str, set[str]] = {}
+        self._tenants: dict[str, dict[str, None]] = {}
+        """Each tenant's threads, the longest unchecked first (see _check_quota)."""
         """Tenant -> its threads (expired ones included until looked at)."""
         self._subs: dict[str, set[FeedSubscription]] = {}
         self._max_pending = max_pending_bytes
@@ -97,7 +103,7 @@ class MemoryStore:
         tenant = tenant_of(thread)
         members = self._tenants.get(tenant)
         if members is not None:
-            members.discard(thread)
+            members.pop(thread, None)
             if not members:
                 del self._tenants[tenant]
 
@@ -107,10 +113,14 @@ class MemoryStore:
         if not limit:
             return
         tenant = tenant_of(thread)
-        members = self._tenants.get(tenant, set())
+        members = self._tenants.get(tenant, {})
         if len(members) >= limit:
-            for other in list(members):
-                self._get(other)  # forgets it if it expired meanwhile
+            # As the Redis store: at most PRUNE_SAMPLE checks per try, so that a
+            # client trying at its limit costs little whatever the quota.
+            for other in list(itertools.islice(members, PRUNE_SAMPLE)):
+                if self._get(other) is not None:  # else forgotten: it expired
+                    del members[other]
+                    members[other] = None  # checked: to the back of the line
             if len(members) >= limit:
                 raise too_many_threads(thread, tenant, limit)
 
@@ -162,7 +172,7 @@ class MemoryStore:
         if state is None:
             self._check_quota(thread)
             state = self._threads[thread] = _Thread(epoch=new_epoch())
-            self._tenants.setdefault(tenant_of(thread), set()).add(thread)
+            self._tenants.setdefault(tenant_of(thread), {})[thread] = None
         offsets: list[Offset] = []
         added: list[Entry] = []
         for item, data in zip(events, encoded, strict=True):

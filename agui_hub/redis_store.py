@@ -170,6 +170,7 @@ local expect_after, expect_epoch = ARGV[7], ARGV[8]
 local rebuild_limit = tonumber(ARGV[9])
 local max_bytes, max_threads = tonumber(ARGV[10]), tonumber(ARGV[11])
 local thread, prefix = ARGV[12], ARGV[13]
+local PRUNE_SAMPLE = 64
 local tenant = KEYS[5]
 local FIRST = 14
 
@@ -274,10 +275,11 @@ end
 if max_threads > 0 and (not epoch or not last)
     and redis.call('SISMEMBER', tenant, thread) == 0 then
   if redis.call('SCARD', tenant) >= max_threads then
-    -- At the limit: first forget the threads that are gone (expired by their
-    -- ttl, deleted). The set holds about max_threads ids: bounded work, and
-    -- only on this rare path.
-    for _, member in ipairs(redis.call('SMEMBERS', tenant)) do
+    -- At the limit: first forget threads that are gone (expired by their ttl).
+    -- At most PRUNE_SAMPLE of them per call, picked at random, whatever the
+    -- quota: a client that keeps trying at its limit costs Redis little, and
+    -- repeated tries find every expired thread (small quotas: at once).
+    for _, member in ipairs(redis.call('SRANDMEMBER', tenant, PRUNE_SAMPLE)) do
       if redis.call('EXISTS', prefix .. ':{' .. member .. '}:events') == 0 then
         redis.call('SREM', tenant, member)
       end

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import enum
 import http
+import ipaddress
 import logging
 import math
 import signal
@@ -31,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import MultipleValuesError
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
@@ -169,10 +171,12 @@ class Connection:
     # Slots, and futures made only while somebody waits: an idle connection
     # is a few hundred bytes here, on top of what websockets keeps for it.
     __slots__ = (
+        "_auths",
         "_commands",
         "_deadline",
         "_drain",
         "_events",
+        "_failed_auths",
         "_lanes",
         "_queue",
         "_queued_bytes",
@@ -207,6 +211,10 @@ class Connection:
         config = gateway.config
         self._commands = RateLimit(config.max_commands_per_second)
         self._events = RateLimit(config.max_events_per_second)
+        # A signature check costs ~0.1 ms of CPU: an unauthenticated client
+        # gets a handful, not a thousand a second.
+        self._auths = RateLimit(AUTHS_PER_SECOND, burst=AUTH_BURST)
+        self._failed_auths = 0
         self.threads: set[str] = set()
         self._queue: deque[bytes | str] = deque()
         self._queued_bytes = 0
@@ -374,6 +382,8 @@ class Connection:
         wait = self._commands.take(1)
         if wait == 0 and isinstance(command, Publish):
             wait = self._events.take(len(command.events))
+        elif wait == 0 and isinstance(command, Auth):
+            wait = self._auths.take(1)
         if wait:
             self.reply(self._rate_limited(command, wait))
             return
@@ -464,9 +474,16 @@ class Connection:
         except AguiHubError as exc:
             code = exc.code if isinstance(exc, Unauthorized | Forbidden) else "unauthorized"
             self.reply(error_frame(code, str(exc), command.id))
+            self._failed_auths += 1
+            if self._failed_auths >= MAX_FAILED_AUTHS:
+                self.close_soon(
+                    CloseCode.UNAUTHORIZED,
+                    f"{MAX_FAILED_AUTHS} failed auth commands: connect again with a valid token",
+                )
             return
         if self.state is not ConnectionState.OPEN:
             return
+        self._failed_auths = 0
         self.identity = identity
         self.start_clock()
         self.reply(
@@ -588,8 +605,11 @@ class Connection:
             # Gone while it subscribed: forget() ran before the thread was ours.
             gateway.hub.unsubscribe(self, thread)
             self.threads.discard(thread)
+        elif thread not in self.threads:
+            # An auth took the grant away while it subscribed, and was told so
+            # (drop_ungranted) before the hub had the member: remove it now.
+            gateway.hub.unsubscribe(self, thread)
         elif not self._allowed(Action.SUBSCRIBE, thread):
-            # Its credentials changed while it subscribed: the grant is gone.
             self.drop_ungranted()
 
     def _too_many(self, command_id: Any, thread: str) -> dict[str, Any]:
@@ -616,25 +636,35 @@ class Connection:
                 task.cancel()
 
 
+AUTHS_PER_SECOND = 0.5
+"""``auth`` commands a connection may send per second, after a burst of AUTH_BURST."""
+
+AUTH_BURST = 5.0
+
+MAX_FAILED_AUTHS = 3
+"""Failed ``auth`` commands in a row after which a connection is closed (4401)."""
+
+
 class RateLimit:
-    """A token bucket: *rate* per second, a burst of one second's worth.
+    """A token bucket: *rate* per second, a burst of *burst* (default: one second's worth).
 
     A request larger than the bucket (a publish of many events under a low
     limit) is let through when the bucket is not empty and leaves it in
     debt, so the average rate still holds and no request is refused for ever.
     """
 
-    __slots__ = ("_at", "_tokens", "rate")
+    __slots__ = ("_at", "_tokens", "burst", "rate")
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, *, burst: float | None = None) -> None:
         self.rate = rate
-        self._tokens = rate
+        self.burst = rate if burst is None else burst
+        self._tokens = self.burst
         self._at = time.monotonic()
 
     def take(self, count: int) -> float:
         """Take *count* tokens: 0.0, or the seconds to wait before there are some."""
         now = time.monotonic()
-        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         if self._tokens <= 0:
             return max(0.001, -self._tokens / self.rate + 1 / self.rate)
@@ -643,10 +673,19 @@ class RateLimit:
 
 
 def _address(ws: ServerConnection) -> str:
+    """The client's address as the per-address limit counts it: an IPv6 client
+    by its /64, which one host usually has whole."""
     remote = ws.remote_address
-    if isinstance(remote, tuple) and remote:
-        return str(remote[0])
-    return str(remote)
+    host = str(remote[0]) if isinstance(remote, tuple) and remote else str(remote)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 # -- the gateway ------------------------------------------------------------------------------
@@ -709,7 +748,7 @@ class Gateway:
             authenticator if authenticator is not None else build_authenticator(config)
         )
         self._custom_auth = authenticator is not None
-        self.allowed_origins = {o.rstrip("/") for o in split_list(config.allowed_origins)}
+        self.allowed_origins = {o.rstrip("/").lower() for o in split_list(config.allowed_origins)}
         if config.jwt_cookie and (not self.allowed_origins or "*" in self.allowed_origins):
             raise ValueError(
                 "a token in a cookie is sent by the browser from any page: list the origins "
@@ -766,16 +805,25 @@ class Gateway:
                 del self.per_address[address]
 
     def _origin_allowed(self, request: Request) -> bool:
-        origin = request.headers.get("Origin")
-        if origin is None:
+        origins = request.headers.get_all("Origin")
+        if not origins:
             return True  # not a browser: an Origin protects browsers' ambient credentials
-        origin = origin.rstrip("/")
+        if len(origins) > 1:
+            return False
+        origin = origins[0].strip().rstrip("/").lower()
         if "*" in self.allowed_origins or origin in self.allowed_origins:
             return True
-        # The gateway's own origin (a page it serves) is always allowed.
-        host = request.headers.get("Host")
+        # A page from the gateway's own loopback address (the viewer it serves
+        # on a developer's machine). Only by address: any other Host a browser
+        # sends is a name the page's author controls (DNS rebinding).
+        hosts = request.headers.get_all("Host")
         parts = urlsplit(origin)
-        return host is not None and parts.scheme in {"http", "https"} and parts.netloc == host
+        return (
+            len(hosts) == 1
+            and parts.scheme in {"http", "https"}
+            and parts.netloc == hosts[0].strip().lower()
+            and is_loopback(parts.hostname or "")
+        )
 
     def _refuse(
         self,
@@ -844,7 +892,9 @@ class Gateway:
                 ws,
                 http.HTTPStatus.UNAUTHORIZED,
                 str(exc),
-                {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{exc}"'},
+                # The reason is in the body; the header stays fixed (it would
+                # otherwise quote what the client sent, e.g. a key id).
+                {"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )
         except BaseException:
             self.release(ws)
@@ -912,6 +962,15 @@ class Gateway:
 
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         self.silent.pop(ws, None)  # type: ignore[call-overload]
+        try:
+            return await self._answer(ws, request)
+        except MultipleValuesError as exc:
+            # Two Authorization, Origin or Host headers: ambiguous, refused.
+            return ws.respond(
+                http.HTTPStatus.BAD_REQUEST, f"agui-hub: the header {exc} appears more than once\n"
+            )
+
+    async def _answer(self, ws: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             return ws.respond(http.HTTPStatus.OK, "ok\n")

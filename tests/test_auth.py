@@ -666,8 +666,9 @@ def test_audience_is_checked_when_configured() -> None:
     assert verifier.verify(hs(claims(aud=["other", "agui-hub"]))).subject == "agent-7"
     refused(verifier, hs(claims(aud="other")), "not for audience 'agui-hub'")
     refused(verifier, hs(claims()), "'aud'")
-    # Not configured: not checked.
-    assert hs_verifier().verify(hs(claims(aud="other"))).subject == "agent-7"
+    # Not configured: a token that names an audience is for another service.
+    refused(hs_verifier(), hs(claims(aud="other")), "expects none")
+    assert hs_verifier().verify(hs(claims())).subject == "agent-7"
 
 
 def test_issuer_is_checked_when_configured() -> None:

@@ -120,20 +120,22 @@ async def test_tokens_never_reach_the_gateway_log(caplog: pytest.LogCaptureFixtu
         GatewayConfig(port=0, ping_interval=None, jwt_secret=SECRET), store=MemoryStore()
     )
     await gateway.start()
-    tokens = [encode_token(SECRET, f"user-{n}", subscribe=["*"], ttl=60) for n in range(3)]
-    refreshed = [encode_token(SECRET, f"user-{n}", subscribe=["*"], ttl=90) for n in range(3)]
+    tokens = [encode_token(SECRET, f"user-{n}", subscribe=["*"], ttl=60) for n in range(4)]
+    refreshed = [encode_token(SECRET, f"user-{n}", subscribe=["*"], ttl=90) for n in range(4)]
     base = f"ws://127.0.0.1:{gateway.config.port}"
     try:
         ways = [
             (base, ["agui-hub.v1.json"], {"Authorization": f"Bearer {tokens[0]}"}),
             (base, ["agui-hub.v1.json", f"agui-hub.bearer.{tokens[1]}"], {}),
             (f"{base}/?access_token={tokens[2]}", ["agui-hub.v1.json"], {}),
+            (f"{base}/?x=1&access%5Ftoken={tokens[3]}", ["agui-hub.v1.json"], {}),
         ]
         for (url, protocols, headers), again in zip(ways, refreshed, strict=True):
             async with connect(
                 url, subprotocols=protocols, additional_headers=headers, open_timeout=WAIT
             ) as ws:
-                await ws.send(json.dumps({"type": "auth", "id": 1, "token": again}))
+                # JSON escapes in the names: the frame is logged by size, whatever it says.
+                await ws.send(f'{{"type": "\\u0061uth", "id": 1, "t\\u006fken": "{again}"}}')
                 reply = json.loads(await asyncio.wait_for(ws.recv(), WAIT))
                 assert reply["type"] == "authenticated", reply
     finally:

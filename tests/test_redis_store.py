@@ -493,6 +493,26 @@ async def test_tenant_set_follows_creations_deletes_and_expiry(redis_server: Red
         await store.close()
 
 
+async def test_a_try_at_the_quota_checks_a_bounded_sample(redis_server: RedisServer) -> None:
+    """At its limit a tenant's creation checks at most 64 members for expiry, however
+    large the quota: trying again and again at the limit costs Redis little."""
+    prefix = f"tq{uuid.uuid4().hex[:8]}"
+    store = RedisStore(
+        redis_server.url, prefix=prefix, retention=Retention(max_tenant_threads=200, ttl=1.0)
+    )
+    raw = aioredis.Redis.from_url(redis_server.url)
+    acme = tenant_key(prefix, "acme")
+    try:
+        await asyncio.gather(*(store.append(f"acme/{n}", [item(1)]) for n in range(200)))
+        assert await raw.scard(acme) == 200
+        await asyncio.sleep(1.5 * TIMEOUT_SCALE)  # every one of them expired
+        await store.append("acme/new", [item(1)])  # a sample of the dead made room
+        assert await raw.scard(acme) == 200 - 64 + 1
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
 async def test_no_tenant_set_without_a_quota(redis_server: RedisServer) -> None:
     prefix = f"tq{uuid.uuid4().hex[:8]}"
     store = RedisStore(redis_server.url, prefix=prefix)

@@ -1320,3 +1320,168 @@ async def test_anonymous_access_on_loopback_without_jwt(gateways: Gateways, peer
     assert (await peer.subscribe("any/thread", "start"))["type"] == "subscribed"
     assert (await peer.publish("any/thread", [run_started("any/thread")]))["type"] == "published"
     await peer.event("any/thread", lambda e: e["type"] == "RUN_STARTED", "the event")
+
+
+# -- found in review: races, rebinding, floods of auth, odd claims and headers -----------------
+
+
+class SlowStore(MemoryStore):
+    """A memory store whose channel start (the checkpoint read) takes a while: the
+    window in which a subscribe waits on the store."""
+
+    async def get_checkpoint(self, thread: str) -> Any:
+        await asyncio.sleep(0.3)
+        return await super().get_checkpoint(thread)
+
+
+@pytest.fixture
+async def in_process() -> Any:
+    started: list[Gateway] = []
+
+    async def start(store: Any = None, **config: Any) -> tuple[Gateway, str]:
+        config.setdefault("jwt_secret", SECRET)
+        gateway = Gateway(
+            GatewayConfig(host="127.0.0.1", port=0, ping_interval=None, **config),
+            store=store if store is not None else MemoryStore(),
+        )
+        await gateway.start()
+        started.append(gateway)
+        return gateway, f"ws://127.0.0.1:{gateway.config.port}"
+
+    try:
+        yield start
+    finally:
+        for gateway in started:
+            await asyncio.wait_for(gateway.drain(), WAIT)
+
+
+async def test_a_grant_taken_away_mid_subscribe_ends_it_and_frees_the_member(
+    in_process: Any, peers: Peers
+) -> None:
+    """An auth with narrower grants arrives while a subscribe waits on the store: the
+    subscription must not start afterwards, and nothing of it stays in the hub."""
+    gateway, url = await in_process(store=SlowStore())
+    wide = token("alice", subscribe=["tenant-a/*"], publish=["tenant-a/*"])
+    narrow = token("alice", subscribe=["tenant-a/public"], publish=["tenant-a/*"])
+    viewer = await peers.open(url, wide)
+    await viewer.send({"type": "subscribe", "id": "s", "thread": "tenant-a/secret"})
+    await asyncio.sleep(0.05)  # the subscribe is now waiting on the slow store
+    reply = await viewer.request({"type": "auth", "token": narrow})
+    assert reply["type"] == "authenticated", reply
+    publisher = await peers.open(url, wide)
+    await asyncio.sleep(0.5)  # the subscribe's store read is over
+    await publisher.publish("tenant-a/secret", [run_started("tenant-a/secret")])
+    await asyncio.sleep(0.3)
+    assert viewer.events("tenant-a/secret") == []
+    assert any(forbidden(f, "tenant-a/secret") for f in viewer.frames), viewer.frames
+    await viewer.close()
+    for _ in range(100):
+        if gateway.hub.stats()["members"] == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert gateway.hub.stats()["members"] == 0
+
+
+async def test_dns_rebinding_gets_no_own_origin(in_process: Any) -> None:
+    """A page of evil.example rebound to 127.0.0.1 sends Origin and Host of its own
+    name: it is not the gateway's own origin. Only loopback addresses are."""
+    gateway, _ = await in_process(jwt_secret="", allowed_origins="https://App.Example")
+    port = gateway.config.port
+    for origin, host, admitted in [
+        (f"http://evil.example:{port}", f"evil.example:{port}", False),
+        (f"http://EVIL.example:{port}", f"evil.example:{port}", False),
+        (f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", True),
+        (f"http://localhost:{port}", f"LOCALHOST:{port}", True),
+        (f"http://127.0.0.1:{port + 1}", f"127.0.0.1:{port}", False),
+        ("https://app.example", f"127.0.0.1:{port}", True),  # listed (any case)
+    ]:
+        status = await raw_handshake(port, {"Origin": origin, "Host": host})
+        assert status == (101 if admitted else 403), (origin, host, status)
+
+
+async def raw_handshake(port: int, headers: dict[str, str], extra: str = "") -> int:
+    """The status line's code of a WebSocket handshake sent byte for byte."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        lines = [
+            "GET / HTTP/1.1",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version: 13",
+            f"Sec-WebSocket-Protocol: {JSON_SUBPROTOCOL}",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        writer.write(("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode())
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), WAIT)
+        return int(status.split()[1])
+    finally:
+        writer.close()
+
+
+async def test_duplicate_credentials_or_origin_headers_are_a_bad_request(
+    in_process: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway, _ = await in_process()
+    port = gateway.config.port
+    good = token("alice", subscribe=["*"])
+    host = f"127.0.0.1:{port}"
+    for extra in [
+        f"Authorization: Bearer {good}\r\nAuthorization: Bearer {good}\r\n",
+        f"Origin: http://{host}\r\nOrigin: http://{host}\r\n",
+    ]:
+        status = await raw_handshake(port, {"Host": host}, extra)
+        assert status == 400
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert gateway.admitted == 0 and not gateway.per_address
+
+
+async def test_auth_commands_are_few_and_failures_close(in_process: Any, peers: Peers) -> None:
+    """Each auth costs a signature check: a connection gets a handful, then one per
+    two seconds; three failures in a row close it."""
+    _, url = await in_process()
+    good = token("alice", subscribe=["*"])
+    client = await peers.open(url, good)
+    replies = [await client.request({"type": "auth", "token": good}) for _ in range(10)]
+    assert [r["type"] for r in replies[:5]] == ["authenticated"] * 5
+    limited = [r for r in replies if r.get("code") == "rate_limited"]
+    assert len(limited) >= 4 and all(r["retryAfter"] > 1 for r in limited), replies
+    stranger = await peers.open(url)  # no token: may only authenticate
+    forged = token("mallory", subscribe=["*"], secret=OTHER_SECRET)
+    for _ in range(2):
+        reply = await stranger.request({"type": "auth", "token": forged})
+        assert reply["code"] == "unauthorized"
+    await stranger.send({"type": "auth", "token": forged})  # the third: answered by the close
+    assert await stranger.closed() == 4401
+
+
+async def test_a_numeric_string_exp_still_expires(in_process: Any, peers: Peers) -> None:
+    import jwt as pyjwt
+
+    _, url = await in_process(jwt_leeway=0)
+    claims = {"sub": "alice", "exp": str(int(time.time()) + 2), "agui": {"subscribe": ["*"]}}
+    odd = pyjwt.encode(claims, SECRET, algorithm="HS256")
+    client = await peers.open(url, odd)
+    await client.ping()
+    assert await client.closed(timeout=6) == 4401
+
+
+async def test_refusals_quote_nothing_in_www_authenticate(in_process: Any) -> None:
+    _, url = await in_process()
+    response = await refused(url, "not.a.token")
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+
+
+def test_ipv6_clients_are_counted_by_their_64() -> None:
+    from agui_hub.server import _address
+
+    class Remote:
+        def __init__(self, address: Any) -> None:
+            self.remote_address = address
+
+    assert _address(Remote(("2001:db8:1:2::5", 1, 0, 0))) == "2001:db8:1:2::/64"  # type: ignore[arg-type]
+    assert _address(Remote(("2001:db8:1:2:ffff::9", 1, 0, 0))) == "2001:db8:1:2::/64"  # type: ignore[arg-type]
+    assert _address(Remote(("::ffff:10.0.0.7", 1, 0, 0))) == "10.0.0.7"  # type: ignore[arg-type]
+    assert _address(Remote(("10.0.0.7", 1))) == "10.0.0.7"  # type: ignore[arg-type]
