@@ -227,10 +227,12 @@ def _serve(args: argparse.Namespace) -> int:
         before, after = raise_open_file_limit()
         if after != before:
             logging.getLogger("agui_hub.server").info(
-                "open-file limit raised from %d to %d", before, after
+                "open-file limit raised from %d to %d (the hard limit)", before, after
             )
         else:
-            logging.getLogger("agui_hub.server").info("open-file limit %d", after)
+            logging.getLogger("agui_hub.server").info(
+                "open-file limit %d (soft and hard limits alike)", after
+            )
         gateway = Gateway(config)
     except ValueError as exc:
         print(f"agui-hub serve: {exc}", file=sys.stderr)

@@ -1065,12 +1065,12 @@ async def test_serve_logs_the_open_file_limit_and_fits_connections_under_it(
         assert f"open-file limit raised from 1024 to {hard}" in raised.log(), raised.log()
     plain = gateways.start(None)
     assert re.search(
-        r"INFO agui_hub\.server: open-file limit (raised from \d+ to )?\d+\n", plain.log()
+        r"INFO agui_hub\.server: open-file limit (raised from \d+ to )?\d+ \(", plain.log()
     )
 
     tight = gateways.start(None, env=low_file_limit_env(tmp_path, 256))
     log = tight.log()
-    assert re.search(r"open-file limit 256\n", log), log
+    assert re.search(r"open-file limit 256 \(soft and hard", log), log
     assert "max_connections 10000 does not fit the open-file limit 256" in log, log
     serving = re.search(r"at most (\d+) connections", log)
     assert serving is not None and 0 < int(serving.group(1)) < 256, log
