@@ -11,6 +11,8 @@ Layers, each importing only the ones above it in this list:
   :mod:`agui_hub.redis_store` - thread streams: offsets, epochs, retention,
   gap-free live subscriptions;
 * :mod:`agui_hub.protocol` - the gateway's wire protocol, sans I/O;
+* :mod:`agui_hub.auth` - identities, grants and tokens (JWT), sans I/O, and
+  :mod:`agui_hub.config` - the gateway's settings;
 * :mod:`agui_hub.writer` - checked writes: validate, verify the sequence, append;
 * :mod:`agui_hub.hub` and :mod:`agui_hub.server` - fan-out and the WebSocket gateway;
 * :mod:`agui_hub.client` and :mod:`agui_hub.publisher` - Python APIs for front
@@ -18,8 +20,8 @@ Layers, each importing only the ones above it in this list:
 * :mod:`agui_hub.transcript`, :mod:`agui_hub.demo` and :mod:`agui_hub.cli` -
   the command line.
 
-The protocol layers (events to codec, protocol, transcript, demo) import no
-asyncio, websockets or redis. Nothing but the Redis store imports redis, which
+The protocol layers (events to codec, protocol, auth, transcript, demo) import
+no asyncio, websockets or redis. Nothing but the Redis store imports redis, which
 is the ``redis`` extra.
 """
 

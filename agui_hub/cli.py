@@ -369,7 +369,7 @@ def _hint(exc: BaseException) -> str:
     code = getattr(exc, "code", None)
     close_code = getattr(exc, "close_code", None)
     if code == "unauthorized" or close_code == 4401:
-        return " (this gateway wants a token: pass --token or set AGUI_HUB_TOKEN)"
+        return " (this gateway wants a valid, unexpired token: pass --token or set AGUI_HUB_TOKEN)"
     if code == "forbidden" or close_code == 4403:
         return " (the token does not grant this thread: ask for one that does)"
     return ""

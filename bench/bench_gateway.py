@@ -191,8 +191,11 @@ def start_child(name: str, argv: list[str], port: int, ready: str | None) -> Chi
 
 def start_gateway(store_url: str) -> Child:
     port = free_port()
+    # Every client of the benchmark comes from one loopback address: lift the
+    # per-address cap (1,000 by default) above the largest case.
     argv = [sys.executable, "-m", "agui_hub.cli", "serve", "--host", HOST, "--port", str(port),
-            "--store", store_url, "--log-level", "WARNING"]  # fmt: skip
+            "--store", store_url, "--log-level", "WARNING",
+            "--max-connections-per-address", "100000"]  # fmt: skip
     return start_child("gateway", argv, port, "/readyz")
 
 
