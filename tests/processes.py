@@ -151,3 +151,38 @@ def start_gateway(
             return gateway
     assert gateway is not None
     raise RuntimeError(f"gateway exited at start:\n{gateway.log()}")
+
+
+class Gateways:
+    """Gateway processes of one test: :meth:`kill_all` is its finalizer, and fails
+    the test when a gateway's log holds a traceback or an ERROR line."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: list[GatewayProcess] = []
+
+    def start(
+        self,
+        store: str | None = None,
+        *args: str,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> GatewayProcess:
+        """Start a gateway with *args* and wait until it is healthy (on a free
+        port unless *port*)."""
+        return start_gateway(
+            self.workdir, store, port, args=list(args), env=env, started=self.started
+        )
+
+    def kill_all(self) -> None:
+        for gateway in self.started:
+            gateway.kill()
+        failures = []
+        for gateway in self.started:
+            log = gateway.log()
+            # Shown by pytest only when the test failed.
+            print(f"---- gateway port {gateway.port} (exit {gateway.process.returncode}) ----")
+            print(log[-4000:])
+            if gateway.logged_errors():
+                failures.append(f"gateway on port {gateway.port} logged an error:\n{log[-4000:]}")
+        assert not failures, "\n".join(failures)

@@ -31,7 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from .conftest import TIMEOUT_SCALE, RedisServer
-from .processes import GatewayProcess, http_status, start_gateway
+from .processes import Gateways, http_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,31 +41,6 @@ Event = dict[str, Any]
 
 
 # -- gateway processes ----------------------------------------------------------------------
-
-
-class Gateways:
-    """Starts gateway processes for one test; :meth:`kill_all` is its finalizer."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.started: list[GatewayProcess] = []
-
-    def start(self, store: str | None, *, port: int | None = None) -> GatewayProcess:
-        """Start a gateway and wait until it is healthy (on a free port unless *port*)."""
-        return start_gateway(self.workdir, store, port, started=self.started)
-
-    def kill_all(self) -> None:
-        for gateway in self.started:
-            gateway.kill()
-        failures = []
-        for gateway in self.started:
-            log = gateway.log()
-            # Shown by pytest only when the test failed.
-            print(f"---- gateway port {gateway.port} (exit {gateway.process.returncode}) ----")
-            print(log[-4000:])
-            if gateway.logged_errors():
-                failures.append(f"gateway on port {gateway.port} logged an error:\n{log[-4000:]}")
-        assert not failures, "\n".join(failures)
 
 
 @pytest.fixture

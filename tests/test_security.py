@@ -54,8 +54,9 @@ from agui_hub.offsets import check_thread
 from agui_hub.server import Gateway, GatewayConfig
 from agui_hub.store import open_store
 
+from . import processes
 from .conftest import TIMEOUT_SCALE, RedisServer
-from .processes import CLI, ROOT, GatewayProcess, child_env, start_gateway
+from .processes import CLI, ROOT, GatewayProcess, child_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -344,17 +345,16 @@ async def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, dic
 # -- gateway processes -----------------------------------------------------------------------------
 
 
-class Gateways:
-    """Gateway processes of one test, killed at its end; their logs must hold no traceback."""
+class Gateways(processes.Gateways):
+    """Gateway processes of one test, with the test secret's file for JWT."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.started: list[GatewayProcess] = []
+        super().__init__(workdir)
         self.secret_file = workdir / "jwt-secret"
         self.secret_file.write_text(SECRET + "\n")
         self.secret_file.chmod(0o600)
 
-    def start(
+    def start(  # type: ignore[override]
         self,
         store: str | None = None,
         *args: str,
@@ -362,20 +362,7 @@ class Gateways:
         env: dict[str, str] | None = None,
     ) -> GatewayProcess:
         argv = ["--jwt-secret-file", str(self.secret_file)] if auth else []
-        argv += list(args)
-        return start_gateway(self.workdir, store, args=argv, env=env, started=self.started)
-
-    def kill_all(self) -> None:
-        for gateway in self.started:
-            gateway.kill()
-        failures = []
-        for gateway in self.started:
-            log = gateway.log()
-            print(f"---- gateway port {gateway.port} (exit {gateway.process.returncode}) ----")
-            print(log[-4000:])
-            if "Traceback" in log or " ERROR " in log:
-                failures.append(f"gateway on port {gateway.port} logged an error:\n{log[-4000:]}")
-        assert not failures, "\n".join(failures)
+        return super().start(store, *argv, *args, env=env)
 
 
 @pytest.fixture
