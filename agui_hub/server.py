@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import http
 import ipaddress
@@ -326,6 +327,9 @@ class Connection:
                 frames.append(frame)
                 size += len(frame)
             self._queued_bytes -= size
+            counters = self.gateway.counters
+            counters.frames_out += len(frames)
+            counters.bytes_out += size
             if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
                 _resolve(self._drain)
             # A watchdog, not a deadline: a large snapshot may take long to a
@@ -377,6 +381,7 @@ class Connection:
         except CommandError as exc:
             self.reply(error_frame(exc.code, str(exc), exc.command_id))
             return
+        gateway.counters.commands += 1
         # Every frame counts, refused ones included: what a client sends is
         # bounded in the work it causes, not only in its size.
         wait = self._commands.take(1)
@@ -575,6 +580,7 @@ class Connection:
                 if ids is not None:
                     ids = [scoped_event_id(identity, i) for i in ids]
                 offsets = await gateway.hub.publish(thread, command.events, ids)
+                gateway.counters.events_in += len(offsets)
                 self.reply(published_frame(command.id, thread, offsets))
         except AguiHubError as exc:
             index = exc.index if isinstance(exc, ProtocolError) else None
@@ -790,6 +796,9 @@ class Gateway:
         """Sockets dropped at once because the gateway had no room for them."""
         self.backlog = MAX_BACKLOG
         """The listen backlog: also how many sockets asyncio accepts in one go."""
+        self.counters = Counters()
+        """What the gateway did since it started (the minute's summary line)."""
+        self._summary: asyncio.Task[None] | None = None
 
     # Admission ---------------------------------------------------------------------------------
 
@@ -958,6 +967,29 @@ class Gateway:
             except Exception:  # never let a bad file end the watch
                 log.exception("checking revocations failed")
 
+    async def _summarize(self) -> None:
+        """One INFO line per interval: connections, threads, traffic (when there is any)."""
+        last = dataclasses.replace(self.counters)
+        while True:
+            await asyncio.sleep(SUMMARY_INTERVAL)
+            now = dataclasses.replace(self.counters)
+            if now == last and not self.connections:
+                continue  # idle: nothing to say
+            log.info(
+                "last %.0f s: %d connections (%d opened, %d closed), %d live threads; "
+                "%d commands, %d events published, %d frames (%.1f MiB) sent",
+                SUMMARY_INTERVAL,
+                len(self.connections),
+                now.opened - last.opened,
+                now.closed - last.closed,
+                len(self.hub.channels),
+                now.commands - last.commands,
+                now.events_in - last.events_in,
+                now.frames_out - last.frames_out,
+                (now.bytes_out - last.bytes_out) / (1024 * 1024),
+            )
+            last = now
+
     # HTTP side -------------------------------------------------------------------------------
 
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
@@ -1016,6 +1048,17 @@ class Gateway:
         identity = ws.identity if isinstance(ws, _Socket) else None
         conn = Connection(self, ws, encoding_of(ws.subprotocol), identity)
         self.connections.add(conn)
+        counters = self.counters
+        counters.opened += 1
+        number = counters.opened
+        opened_at = time.monotonic()
+        log.info(
+            "connection %d from %s opened: %s, %s",
+            number,
+            conn.remote,
+            identity.subject if identity is not None else "not authenticated yet",
+            conn.encoding.value,
+        )
         conn.start_clock()
         writer = asyncio.create_task(conn.write_loop())
         try:
@@ -1043,6 +1086,16 @@ class Gateway:
                 await writer
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ws.wait_closed(), 5 * SECONDS)
+            counters.closed += 1
+            reason = ws.close_reason or ""
+            log.info(
+                "connection %d from %s closed: %s%s after %.1f s",
+                number,
+                conn.remote,
+                ws.close_code if ws.close_code is not None else "no close frame (1006)",
+                f" {reason}" if reason else "",
+                time.monotonic() - opened_at,
+            )
 
     def _check_exposure(self) -> None:
         """Refuse to serve every thread to anyone on a network without being told to."""
@@ -1161,6 +1214,7 @@ class Gateway:
         )
         if isinstance(self.authenticator, JWTAuthenticator) or self._custom_auth:
             self._auth_watch = asyncio.create_task(self._watch_credentials())
+        self._summary = asyncio.create_task(self._summarize())
         port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
         self.config.port = port
         store = (
@@ -1196,6 +1250,8 @@ class Gateway:
             self._store_watch.cancel()
         if self._auth_watch is not None:
             self._auth_watch.cancel()
+        if self._summary is not None:
+            self._summary.cancel()
         if self.server is not None:
             self.server.close(close_connections=False)
         for conn in list(self.connections):
@@ -1228,6 +1284,22 @@ class Gateway:
             log.info("agui-hub draining")
             await self.drain()
             log.info("agui-hub stopped")
+
+
+SUMMARY_INTERVAL = 60 * SECONDS
+"""How often the gateway logs its summary line."""
+
+
+@dataclasses.dataclass
+class Counters:
+    """What a gateway did since it started."""
+
+    opened: int = 0
+    closed: int = 0
+    commands: int = 0
+    events_in: int = 0
+    frames_out: int = 0
+    bytes_out: int = 0
 
 
 SERVER_HEADER = "agui-hub"

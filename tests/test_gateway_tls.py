@@ -14,6 +14,7 @@ import datetime
 import ipaddress
 import json
 import logging
+import re
 import ssl
 import subprocess
 from pathlib import Path
@@ -207,3 +208,45 @@ def test_failed_accepts_are_logged_once_per_interval(caplog: pytest.LogCaptureFi
     lines = [r.getMessage() for r in caplog.records if r.name == "agui_hub.server"]
     assert len(lines) == 1 and "out of file descriptors" in lines[0]
     assert passed == [{"message": "something else"}]  # other errors go on as before
+
+
+async def test_connections_and_a_summary_are_logged_at_info(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An INFO line per connection opened and closed (close code, duration), and a
+    summary line per interval: what an operator reads without turning on DEBUG."""
+    import agui_hub.server as server
+
+    monkeypatch.setattr(server, "SUMMARY_INTERVAL", 0.3)
+    caplog.set_level(logging.INFO, logger="agui_hub.server")
+    gateway = Gateway(GatewayConfig(port=0, ping_interval=None), store=MemoryStore())
+    await gateway.start()
+    try:
+        async with connect(
+            f"ws://127.0.0.1:{gateway.config.port}",
+            subprotocols=["agui-hub.v1.json"],  # type: ignore[list-item]
+            open_timeout=WAIT,
+        ) as ws:
+            events = [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}]
+            await ws.send(json.dumps({"type": "publish", "thread": "t", "events": events}))
+            assert json.loads(await asyncio.wait_for(ws.recv(), WAIT))["type"] == "published"
+            await asyncio.sleep(0.5)  # a summary interval passes
+        for _ in range(100):
+            if any("closed" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await gateway.drain()
+    lines = [r.getMessage() for r in caplog.records if r.name == "agui_hub.server"]
+    assert any(
+        re.fullmatch(r"connection 1 from 127\.0\.0\.1 opened: anonymous, json", line)
+        for line in lines
+    ), lines
+    assert any(
+        re.fullmatch(r"connection 1 from 127\.0\.0\.1 closed: 1000 after \d+\.\d s", line)
+        for line in lines
+    ), lines
+    summaries = [line for line in lines if line.startswith("last 0 s:")]
+    assert summaries, lines
+    assert "1 connections (1 opened, 0 closed)" in summaries[0]
+    assert "1 events published" in " ".join(summaries), summaries
