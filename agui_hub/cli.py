@@ -12,19 +12,30 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
+import shlex
 import stat
 import sys
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import __version__
-from .errors import AguiHubError, HubUnreachable, OffsetExpired, ProtocolError
+from .errors import (
+    AguiHubError,
+    HubUnreachable,
+    OffsetExpired,
+    ProtocolError,
+    RateLimited,
+    SequenceError,
+    StoreUnavailable,
+)
 from .offsets import START, check_thread, offset_key
 from .protocol import Position
 
@@ -36,6 +47,10 @@ URL_HELP = (
 
 
 TOKEN_HELP = "bearer token for a gateway with authentication (default $AGUI_HUB_TOKEN)"
+WAIT_HELP = (
+    "give up after SECONDS without a connection to the hub (default %s); while it "
+    "cannot be reached the command says so at once, then every 10 s"
+)
 
 
 class UsageError(Exception):
@@ -88,9 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish NDJSON events into a thread",
         description="Publish AG-UI events, one JSON object per line, into THREAD and print "
         'one offset per event. A line is an event, or {"event": {...}, "eventId": '
-        '"..."} (what `replay --json` prints also works). Every event is validated and '
+        '"..."} (what `replay --json` prints also works: publishing it again stores '
+        "nothing twice). Event ids must all differ. Every event is validated and "
         "checked against the thread's sequence rules before it is stored; from a file, "
-        "nothing is published unless every line is a valid event.",
+        "nothing is published unless every line is a valid event. Input without any "
+        "event publishes nothing, says so on stderr and exits 0.",
     )
     publish.add_argument("thread")
     publish.add_argument("file", nargs="?", default="-", help="NDJSON file (default -: stdin)")
@@ -102,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="strict",
         help="sequence checks when publishing into a store (a gateway is always strict)",
     )
+    publish.add_argument("--timeout", type=float, metavar="SECONDS",
+                         help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
 
     tail = commands.add_parser(
         "tail",
@@ -130,18 +149,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit when a run ends at or after the newest event stored when tail connected",
     )
     tail.add_argument("--run", help="show only this run's events")
+    tail.add_argument("--timeout", type=float, metavar="SECONDS",
+                      help="give up after SECONDS without a connection to the gateway, at "
+                      "the start or later (default: never: tail waits and reconnects for "
+                      "ever); while it cannot be reached tail says so at once, then every "
+                      "10 s")  # fmt: skip
     tail.add_argument("--color", choices=["auto", "always", "never"], default="auto")
 
     replay = commands.add_parser(
         "replay",
         help="print every stored event of a thread",
         description="Print every stored event of THREAD and exit: as NDJSON lines "
-        '{"offset": ..., "event": {...}} with --json, as a transcript otherwise.',
+        '{"offset": ..., "event": {...}, "eventId": "THREAD@OFFSET"} with --json, as a '
+        "transcript otherwise. The eventId makes `replay --json | agui-hub publish "
+        "OTHER` idempotent: run twice, it stores the events once.",
     )
     replay.add_argument("thread")
     replay.add_argument("--url", help=URL_HELP)
     replay.add_argument("--token", help=TOKEN_HELP)
     replay.add_argument("--json", action="store_true", help="NDJSON, one event per line")
+    replay.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="wait up to SECONDS for an unreachable hub (default 0: fail at "
+                        "once)")  # fmt: skip
     replay.add_argument("--color", choices=["auto", "always", "never"], default="auto")
 
     demo = commands.add_parser(
@@ -149,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="stream a realistic demo run into a thread",
         description="Publish a realistic agent run (reasoning, streamed text, tool calls "
         "with results, state deltas, steps) into THREAD, paced like a real model. Watch "
-        "it with `agui-hub tail THREAD`.",
+        "it with `agui-hub tail THREAD`. Event ids derive from the run id: a run cut "
+        "short is finished by running demo again with --run-id and its id.",
     )
     demo.add_argument("thread", nargs="?", default="demo", help="default: demo")
     demo.add_argument("--url", help=URL_HELP)
@@ -159,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--speed", type=float, default=1.0, help="pace multiplier (2: twice as fast; 0: no pauses)"
     )
+    demo.add_argument("--timeout", type=float, metavar="SECONDS",
+                      help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
     return parser
 
 
@@ -236,7 +268,7 @@ def _serve(args: argparse.Namespace) -> int:
         gateway = Gateway(config)
     except ValueError as exc:
         print(f"agui-hub serve: {exc}", file=sys.stderr)
-        return 2
+        return 1 if _missing_package(exc) else 2
     try:
         asyncio.run(gateway.run())
     except ValueError as exc:
@@ -250,6 +282,13 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _missing_package(exc: BaseException) -> bool:
+    """Whether *exc* says a package is not installed (a redis:// store without the
+    redis extra): the installation is at fault, not the command line, so exit 1
+    as the other commands do."""
+    return isinstance(exc.__context__, ImportError)
 
 
 def _token(args: argparse.Namespace) -> int:
@@ -343,6 +382,111 @@ class _Output:
         if text:
             self.stream.write(text)
             self.stream.flush()
+
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds that publish and demo wait for an unreachable hub before giving up."""
+NOTICE_EVERY = 10.0
+"""Seconds between two "still retrying" lines while the hub cannot be reached."""
+ATTEMPT_SECONDS = 2.0
+"""How long one publish through a gateway waits for the connection and its reply
+before the command says so and tries again (with the same event ids: safe)."""
+
+_T = TypeVar("_T")
+
+
+class _Retry:
+    """How one command waits out a hub it cannot reach.
+
+    The first failure is said at once (the URL and the reason), then one
+    "still retrying" line every :data:`NOTICE_EVERY` seconds rather than one
+    per attempt, and one line when the hub answers again. After *timeout*
+    seconds without a connection (``None``: never; ``0``: at the first
+    failure) the command gives up with :class:`HubUnreachable`.
+    """
+
+    def __init__(
+        self,
+        command: str,
+        url: str,
+        timeout: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        from .store import redact_url
+
+        self.url = redact_url(url)
+        self.timeout = timeout
+        self._clock = clock
+        self._say = say or (lambda text: print(f"agui-hub {command}: {text}", file=sys.stderr))
+        self._since: float | None = None  # when the current outage began
+        self._told = 0.0  # when it was last said
+        self._delay = 0.1
+
+    def failed(self, exc: AguiHubError, began: float | None = None) -> float:
+        """Note a failed attempt (*began* at that time): the seconds to pause
+        before the next one.
+
+        Raises *exc* itself with a timeout of 0, :class:`HubUnreachable` once the
+        outage has lasted *timeout* seconds (counted from the start of its first
+        failed attempt, which may have waited for the connection a while).
+        """
+        if self.timeout == 0:
+            raise exc
+        now = self._clock()
+        reason = str(exc) if self.url in str(exc) else f"cannot reach {self.url}: {exc}"
+        first = self._since is None
+        if self._since is None:
+            self._since, self._told = (now if began is None else began), now
+            until = "until it answers" if self.timeout is None else f"for up to {self.timeout:g} s"
+            self._say(f"{reason}; retrying {until} (--timeout)")
+        if self.timeout is not None and now - self._since >= self.timeout:
+            raise HubUnreachable(
+                f"gave up after {self.timeout:g} s without a connection (--timeout): {reason}"
+            ) from exc
+        if not first and now - self._told >= NOTICE_EVERY:
+            self._told = now
+            self._say(f"still retrying {self.url} ({now - self._since:.0f} s so far): {exc}")
+        # A busy gateway (HTTP 429 / 503) says when to come back.
+        pause = max(self._delay, getattr(exc, "retry_after", 0.0))
+        self._delay = min(self._delay * 2, 2.0)
+        if self.timeout is not None:
+            pause = min(pause, max(0.0, self._since + self.timeout - now))
+        return pause
+
+    def succeeded(self) -> None:
+        if self._since is not None:
+            self._say(f"connected to {self.url} after {self._clock() - self._since:.0f} s")
+        self._since = None
+        self._delay = 0.1
+
+    async def call(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """*attempt()* until it does not fail for want of the hub."""
+        while True:
+            began = self._clock()
+            try:
+                result = await attempt()
+            except (HubUnreachable, StoreUnavailable) as exc:
+                await asyncio.sleep(self.failed(exc, began))
+                continue
+            except RateLimited as exc:
+                # Nothing was carried out: the same command again is safe, once
+                # the gateway's pause is over. The hub is there: not an outage.
+                await asyncio.sleep(max(exc.retry_after, 0.05))
+                continue
+            self.succeeded()
+            return result
+
+
+def _timeout(args: argparse.Namespace, default: float | None) -> float | None:
+    """The command's --timeout in seconds (``None``: wait for ever)."""
+    value: float | None = getattr(args, "timeout", None)
+    if value is None:
+        return default
+    if not value >= 0:  # also NaN
+        raise UsageError("--timeout must be 0 or more seconds")
+    return None if math.isinf(value) else value
 
 
 def _run(coro_factory: Callable[[], Any], name: str) -> int:
@@ -455,11 +599,35 @@ async def _lines_of_stream(stream: IO[str]) -> AsyncIterator[list[tuple[int, str
         yield batch
 
 
+class _EventIds:
+    """The event ids of the input so far, with their lines.
+
+    An id given twice would be taken by the store for a retry of the first
+    event, and the second event silently dropped: refused instead, naming both
+    lines. (Kept for the whole input: a repeat may be far from the first.)
+    """
+
+    def __init__(self) -> None:
+        self._lines: dict[str, int] = {}
+
+    def check(self, lines: list[_Line], stored: str) -> None:
+        for line in lines:
+            if line.event_id is None:
+                continue
+            first = self._lines.setdefault(line.event_id, line.number)
+            if first != line.number:
+                raise ValueError(
+                    f"line {line.number}: eventId {line.event_id!r} is also the id of line "
+                    f"{first}: give each event an id of its own ({stored})"
+                )
+
+
 async def _publish(args: argparse.Namespace) -> int:
     from .publisher import Publisher
 
     thread = _thread(args.thread)
     url = _url(args)
+    retry = _Retry("publish", url, _timeout(args, DEFAULT_TIMEOUT))
     out = _Output(sys.stdout)
     if args.file == "-":
         stream: IO[str] = sys.stdin
@@ -470,38 +638,85 @@ async def _publish(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
         whole = True
-    async with Publisher(url, sequence=args.sequence, token=_token_of(args)) as publisher:
-        try:
-            if whole:
-                # A file: check every line before anything is published.
-                lines = [
-                    line
-                    for number, text in enumerate(stream, 1)
-                    if (line := _parse_line(number, text)) is not None
-                ]
+    ids = _EventIds()
+    published = 0
+    # Retries are this command's (said, and bounded by --timeout): one attempt each.
+    publisher = Publisher(url, sequence=args.sequence, token=_token_of(args), retry_for=0.0)
+    try:
+        if whole:
+            # A file: check every line before anything is published.
+            lines = [
+                line
+                for number, text in enumerate(stream, 1)
+                if (line := _parse_line(number, text)) is not None
+            ]
+            events = [_check_line(line, thread) for line in lines]
+            ids.check(lines, "nothing was published")
+            for begin in range(0, len(lines), 1000):
+                await _publish_lines(publisher, retry, thread, lines[begin : begin + 1000],
+                                     events[begin : begin + 1000], out)  # fmt: skip
+                published += len(lines[begin : begin + 1000])
+        else:
+            async for batch in _lines_of_stream(stream):
+                lines = [line for number, text in batch if (line := _parse_line(number, text))]
                 events = [_check_line(line, thread) for line in lines]
-                for begin in range(0, len(lines), 1000):
-                    await _publish_lines(publisher, thread, lines[begin : begin + 1000],
-                                         events[begin : begin + 1000], out)  # fmt: skip
-            else:
-                async for batch in _lines_of_stream(stream):
-                    lines = [line for number, text in batch if (line := _parse_line(number, text))]
-                    events = [_check_line(line, thread) for line in lines]
-                    await _publish_lines(publisher, thread, lines, events, out)
-        finally:
-            if stream is not sys.stdin:
-                stream.close()
+                ids.check(lines, "nothing of this batch was stored")
+                await _publish_lines(publisher, retry, thread, lines, events, out)
+                published += len(lines)
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+        await publisher.close()
+    if not published:
+        # Not an error: `replay --json` of an empty thread piped in is no mistake.
+        where = "stdin" if args.file == "-" else args.file
+        print(f"agui-hub publish: no events in {where}: nothing published", file=sys.stderr)
     return 0
 
 
+async def _connect_publisher(publisher: Any, retry: _Retry) -> None:
+    """Connect *publisher* (a no-op once connected, and for a store URL), waiting
+    out an unreachable hub as *retry* says."""
+    await retry.call(publisher.connect)
+    # Through a gateway one attempt waits for the connection and the reply; a
+    # store's attempt is one append, and the pauses between attempts are ours.
+    publisher.retry_for = ATTEMPT_SECONDS if publisher.via_gateway else 0.0
+
+
+async def _published(publisher: Any, thread: str, events: list[Any], ids: list[str]) -> list[str]:
+    """One attempt at publishing a batch, with a plain reason when the connection is gone."""
+    try:
+        offsets: list[str] = await publisher.publish_batch(thread, events, ids)
+    except HubUnreachable as exc:
+        # Connected once, so the client is reconnecting by itself; its own words
+        # ("no connection to ... in time") do not say that the connection was lost.
+        if publisher.via_gateway and str(exc).startswith(("no connection to", "publish to")):
+            from .store import redact_url
+
+            raise HubUnreachable(
+                f"lost the connection to {redact_url(publisher.url)}: not back within "
+                f"{publisher.retry_for:g} s"
+            ) from exc
+        raise
+    return offsets
+
+
 async def _publish_lines(
-    publisher: Any, thread: str, lines: list[_Line], events: list[dict[str, Any]], out: _Output
+    publisher: Any,
+    retry: _Retry,
+    thread: str,
+    lines: list[_Line],
+    events: list[dict[str, Any]],
+    out: _Output,
 ) -> None:
     if not lines:
         return
+    await _connect_publisher(publisher, retry)
     ids = [line.event_id or publisher.new_event_id() for line in lines]
     try:
-        offsets = await publisher.publish_batch(thread, events, ids)
+        # The same ids on every attempt: a batch stored before its reply was lost
+        # is not stored again.
+        offsets = await retry.call(lambda: _published(publisher, thread, events, ids))
     except ProtocolError as exc:
         where = f"lines {lines[0].number}-{lines[-1].number}" if len(lines) > 1 else "line"
         number = _culprit(lines, exc)
@@ -578,24 +793,41 @@ def _start(value: str) -> Any:
     return Position(offset, epoch or None)
 
 
-async def _connect(url: str, *, wait: bool, token: str | None = None) -> Any:
-    """A connected HubClient; with *wait*, retry until the gateway answers."""
+async def _connect(
+    url: str, retry: _Retry, token: str | None = None, give_up_after: float | None = None
+) -> Any:
+    """A connected HubClient, once the gateway answers (as *retry* says)."""
     from .client import HubClient
 
-    delay, told = 0.1, False
+    async def attempt() -> Any:
+        client = HubClient(url, token=token, give_up_after=give_up_after)
+        await client.connect()
+        return client
+
+    return await retry.call(attempt)
+
+
+async def _watch_connection(client: Any, command: str, url: str) -> None:
+    """Say when *client* loses its connection, and every NOTICE_EVERY seconds while
+    it has none (it reconnects by itself; the subscription says when it is back)."""
+    from .client import ClientState
+    from .store import redact_url
+
+    lost_at: float | None = None
+    told = 0.0
     while True:
-        client = HubClient(url, token=token)
-        try:
-            await client.connect()
-            return client
-        except HubUnreachable as exc:
-            if not wait:
-                raise
-            if not told:
-                print(f"agui-hub tail: {exc}; retrying", file=sys.stderr)
-                told = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        await asyncio.sleep(0.2)
+        now = time.monotonic()
+        if client.state is not ClientState.RECONNECTING:
+            lost_at = None
+        elif lost_at is None:
+            lost_at = told = now
+            print(f"agui-hub {command}: lost the connection to {redact_url(url)} (code "
+                  f"{client.close_code}); reconnecting", file=sys.stderr)  # fmt: skip
+        elif now - told >= NOTICE_EVERY:
+            told = now
+            print(f"agui-hub {command}: still reconnecting to {redact_url(url)} "
+                  f"({now - lost_at:.0f} s so far)", file=sys.stderr)  # fmt: skip
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -605,6 +837,7 @@ async def _tail(args: argparse.Namespace) -> int:
     thread = _thread(args.thread)
     url = _url(args, gateway_only=True)
     start = _start(args.start)
+    retry = _Retry("tail", url, _timeout(args, None))
     view_state: dict[str, Any] | None = None
     offset_file = OffsetFile(args.offset_file) if args.offset_file else None
     if offset_file is not None and (saved := offset_file.load(thread)) is not None:
@@ -614,9 +847,12 @@ async def _tail(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"{args.offset_file}: {exc}") from None
     out = _Output(sys.stdout)
-    client = await _connect(url, wait=True, token=_token_of(args))
+    # --timeout bounds the later outages too: the client gives up after as long.
+    client = await _connect(url, retry, _token_of(args), give_up_after=retry.timeout)
+    watcher = asyncio.create_task(_watch_connection(client, "tail", url))
     newest: tuple[int, int] | None = None
-    saved_at: Position | None = None
+    subscribed = False  # the first Subscribed is the reply to our subscribe
+    reconnects = 0
     try:
         async with client.subscribe(thread, start, run=args.run) as sub:
             async for item in sub:
@@ -625,13 +861,22 @@ async def _tail(args: argparse.Namespace) -> int:
                 if isinstance(item, Subscribed):
                     if newest is None:
                         newest = offset_key(item.offset)
-                    if item.resumed:
+                    if item.resumed and client.reconnects > reconnects:
+                        reconnects = client.reconnects
                         print(f"agui-hub tail: reconnected (code {client.close_code})",
                               file=sys.stderr)  # fmt: skip
-                    if not item.recovered and (item.resumed or isinstance(start, Position)):
+                    # Not recovered: after a reconnect or from a position, events
+                    # were lost; later, unasked, the thread was re-created.
+                    if not item.recovered and (
+                        item.resumed or subscribed or isinstance(start, Position)
+                    ):
                         text = view.notice(
                             "events were lost to retention or a reset: a snapshot follows"
                         )
+                    if not subscribed and item.offset == START:
+                        print(f"agui-hub tail: thread {thread!r} has no events yet; waiting "
+                              "for its first event", file=sys.stderr)  # fmt: skip
+                    subscribed = True
                 elif isinstance(item, Snapshot):
                     text = view.reset() + "".join(view.render(event) for event in item.events)
                 elif isinstance(item, ThreadEvent):
@@ -644,36 +889,62 @@ async def _tail(args: argparse.Namespace) -> int:
                     )
                 out.write(text)
                 if offset_file is not None and sub.position is not None:
-                    saved_at = sub.position
-                    offset_file.save(thread, saved_at, view.state())
+                    offset_file.save(thread, sub.position, view.state())
                 if finished:
                     break
-    except BaseException:
-        # Interrupted: end the open line, and remember that it ended, so that a
-        # tail started again with the offset file reopens it with "(cont.)".
+    except BaseException as exc:
+        # Interrupted. With an offset file, stdout gets nothing more: the saved
+        # state describes exactly what was printed, so a tail started again
+        # continues the open line and the two outputs join up exactly. On a
+        # terminal the line is ended on stderr, for the prompt. Without an
+        # offset file the open line is ended on stdout.
         with contextlib.suppress(Exception):
-            ending = view.close()
-            out.write(ending)
-            if ending and offset_file is not None and saved_at is not None:
-                offset_file.save(thread, saved_at, view.state())
+            if offset_file is None:
+                out.write(view.close())
+            elif sys.stdout.isatty() and sys.stderr.isatty() and view.state().get("line"):
+                print(file=sys.stderr)
+        if isinstance(exc, HubUnreachable) and retry.timeout is not None:
+            # The client gave up reconnecting after --timeout: said as the others say it.
+            raise HubUnreachable(
+                f"gave up after {retry.timeout:g} s without a connection (--timeout): "
+                f"lost the connection to {retry.url}"
+            ) from exc
         raise
     finally:
+        watcher.cancel()
         await client.close()
         if offset_file is not None:
             offset_file.close()
     return 0
 
 
+def replay_event_id(thread: str, offset: str, index: int | None = None) -> str:
+    """The eventId that ``replay --json`` gives an event: ``THREAD@OFFSET``.
+
+    Stable for a stored event (the same replay printed again gives the same
+    ids), different for every event of the thread, and the same through a
+    gateway and from the store: publishing the output twice stores it once.
+    The *index*-th event of a snapshot (several events at one offset) gets
+    ``THREAD@OFFSET#INDEX``.
+    """
+    return f"{thread}@{offset}" if index is None else f"{thread}@{offset}#{index}"
+
+
 async def _replay(args: argparse.Namespace) -> int:
     thread = _thread(args.thread)
     url = _url(args)
+    retry = _Retry("replay", url, _timeout(args, 0.0))
     scheme = urlsplit(url).scheme.lower()
     out = _Output(sys.stdout)
     if args.json:
 
-        def emit(offset: str, event: dict[str, Any], snapshot: bool = False) -> None:
-            record: dict[str, Any] = {"offset": offset, "event": event}
-            if snapshot:
+        def emit(offset: str, event: dict[str, Any], snapshot: int | None = None) -> None:
+            record: dict[str, Any] = {
+                "offset": offset,
+                "event": event,
+                "eventId": replay_event_id(thread, offset, snapshot),
+            }
+            if snapshot is not None:
                 record["snapshot"] = True
             out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
 
@@ -682,14 +953,14 @@ async def _replay(args: argparse.Namespace) -> int:
 
         view = TranscriptView(color=_color(args.color, sys.stdout))
 
-        def emit(offset: str, event: dict[str, Any], snapshot: bool = False) -> None:
+        def emit(offset: str, event: dict[str, Any], snapshot: int | None = None) -> None:
             out.write(view.render(event))
 
     count = 0
     if scheme in ("ws", "wss"):
-        count = await _replay_gateway(url, thread, emit, _token_of(args))
+        count = await _replay_gateway(url, thread, emit, _token_of(args), retry)
     else:
-        count = await _replay_store(url, thread, emit)
+        count = await _replay_store(url, thread, emit, retry)
     if not args.json:
         out.write(view.close())
     if count == 0:
@@ -698,11 +969,11 @@ async def _replay(args: argparse.Namespace) -> int:
 
 
 async def _replay_gateway(
-    url: str, thread: str, emit: Callable[..., None], token: str | None
+    url: str, thread: str, emit: Callable[..., None], token: str | None, retry: _Retry
 ) -> int:
     from .client import Snapshot, Subscribed, ThreadEvent
 
-    client = await _connect(url, wait=False, token=token)
+    client = await _connect(url, retry, token, give_up_after=retry.timeout)
     count = 0
     try:
         async with client.subscribe(thread, "start") as sub:
@@ -718,8 +989,8 @@ async def _replay_gateway(
                         "what was trimmed is summarised by a snapshot (marked snapshot)",
                         file=sys.stderr,
                     )
-                    for event in item.events:
-                        emit(item.offset, event, True)
+                    for index, event in enumerate(item.events):
+                        emit(item.offset, event, index)
                     count += len(item.events)
                     if newest is not None and offset_key(item.offset) >= newest:
                         break
@@ -733,7 +1004,9 @@ async def _replay_gateway(
     return count
 
 
-async def _replay_store(url: str, thread: str, emit: Callable[..., None]) -> int:
+async def _replay_store(url: str, thread: str, emit: Callable[..., None], retry: _Retry) -> int:
+    from functools import partial
+
     import msgpack
 
     from .store import open_store
@@ -744,14 +1017,14 @@ async def _replay_store(url: str, thread: str, emit: Callable[..., None]) -> int
         after = START
         while True:
             try:
-                entries = await store.read(thread, after=after, limit=1000)
+                entries = await retry.call(partial(store.read, thread, after=after, limit=1000))
             except OffsetExpired as exc:
                 print(
                     f"agui-hub replay: events of thread {thread!r} up to {exc.first} were "
                     "trimmed; printing what is stored",
                     file=sys.stderr,
                 )
-                info = await store.info(thread)
+                info = await retry.call(lambda: store.info(thread))
                 if info is None or info.trimmed is None or info.trimmed == after:
                     raise
                 after = info.trimmed
@@ -769,7 +1042,19 @@ async def _replay_store(url: str, thread: str, emit: Callable[..., None]) -> int
 # -- demo ------------------------------------------------------------------------------------
 
 
+def _demo_again(args: argparse.Namespace, *more: str) -> str:
+    """The demo command line that goes on from here (never with a token or password)."""
+    from .store import redact_url
+
+    words = ["agui-hub", "demo", args.thread]
+    if args.url:
+        words += ["--url", redact_url(args.url)]
+    return shlex.join([*words, *more])
+
+
 async def _demo(args: argparse.Namespace) -> int:
+    from functools import partial
+
     from .demo import demo_run
     from .publisher import Publisher
 
@@ -779,24 +1064,53 @@ async def _demo(args: argparse.Namespace) -> int:
         raise UsageError("--runs must be at least 1")
     if args.speed < 0:
         raise UsageError("--speed must be 0 or more")
-    async with Publisher(url, token=_token_of(args)) as publisher:
+    retry = _Retry("demo", url, _timeout(args, DEFAULT_TIMEOUT))
+    publisher = Publisher(url, token=_token_of(args), retry_for=0.0)
+    try:
+        await _connect_publisher(publisher, retry)
         for number in range(args.runs):
             run_id = args.run_id or f"run-{uuid.uuid4().hex[:8]}"
             if args.run_id and args.runs > 1:
                 run_id = f"{args.run_id}-{number + 1}"
             events = demo_run(thread, run_id)
+            watch = shlex.join(["agui-hub", "tail", thread])
             print(
                 f"agui-hub demo: streaming run {run_id} ({len(events)} events) into thread "
-                f"{thread!r} at {url}; watch it with: agui-hub tail {thread}",
+                f"{thread!r} at {retry.url}; watch it with: {watch}",
                 file=sys.stderr,
             )
             offset = ""
-            for index, (delay, event) in enumerate(events):
-                if delay and args.speed:
-                    await asyncio.sleep(delay / args.speed)
-                # Ids from the run id: a retry never stores an event twice.
-                offset = await publisher.publish(thread, event, event_id=f"{run_id}-{index}")
+            index = 0
+            try:
+                for index, (delay, event) in enumerate(events):
+                    if delay and args.speed:
+                        await asyncio.sleep(delay / args.speed)
+                    # Ids from the run id: a retry never stores an event twice, and
+                    # `demo --run-id` again finishes a run cut short.
+                    published = partial(
+                        _published, publisher, thread, [event], [f"{run_id}-{index}"]
+                    )
+                    offset = (await retry.call(published))[0]
+            except SequenceError as exc:
+                if exc.rule != "run_not_started" or index == 0:
+                    raise
+                # The run's RUN_STARTED was stored, and now no run was ever started:
+                # the thread is empty again.
+                raise AguiHubError(
+                    f"thread {thread!r} was reset while run {run_id} was streaming (the hub "
+                    "restarted on the memory store, or Redis lost its data): its earlier "
+                    "events are gone, so this run cannot go on. Start a new run: "
+                    f"{_demo_again(args)} (or stream this one again from its start: "
+                    f"{_demo_again(args, '--run-id', run_id)})"
+                ) from None
+            except (HubUnreachable, StoreUnavailable) as exc:
+                raise HubUnreachable(
+                    f"{exc}; run {run_id} is unfinished: finish it, once the hub is back, "
+                    f"with: {_demo_again(args, '--run-id', run_id)}"
+                ) from None
             print(f"agui-hub demo: run {run_id} finished at offset {offset}", file=sys.stderr)
+    finally:
+        await publisher.close()
     return 0
 
 

@@ -63,6 +63,7 @@ import logging
 import math
 import random
 import secrets
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -70,7 +71,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+    InvalidURI,
+)
 
 from .auth import Grants, RedactingLogger
 from .chunks import ChunkExpander
@@ -185,6 +192,29 @@ def _strings(value: Any) -> tuple[str, ...]:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _unreachable(url: str, exc: BaseException) -> str:
+    """Why a connection attempt to *url* failed, in words (never an empty reason)."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    # A wss:// client meeting a plain hub: the hub reads the TLS hello as a bad
+    # HTTP request and drops the connection, so the error says little itself.
+    if (
+        scheme == "wss"
+        and isinstance(exc, ssl.SSLError | ConnectionResetError | ConnectionAbortedError)
+        and not isinstance(exc, ssl.SSLCertVerificationError)
+    ):
+        return (
+            f"TLS handshake failed ({_describe(exc)}): is the hub serving TLS? "
+            f"For a hub without TLS use ws://{rest}"
+        )
+    if scheme == "ws" and isinstance(exc, InvalidMessage):
+        # A TLS hub (or something else than a gateway) answers a plain request.
+        return f"{exc} (is it an agui-hub gateway? If it serves TLS, use wss://{rest})"
+    if isinstance(exc, TimeoutError):
+        return f"no WebSocket handshake in time ({_describe(exc)})"
+    return str(exc) or _describe(exc)
 
 
 class _GatewayBusy(HubUnreachable):
@@ -1129,7 +1159,7 @@ class HubClient:
             raise HubUnreachable(f"not a WebSocket URL: {exc}") from None
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             raise HubUnreachable(
-                f"cannot connect to {self.url}: {exc or type(exc).__name__}"
+                f"cannot connect to {self.url}: {_unreachable(self.url, exc)}"
             ) from None
         if ws.subprotocol != subprotocol:
             await ws.close()

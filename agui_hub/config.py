@@ -393,28 +393,32 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "store": "store URL: redis://host:port/db[?max_len=…&max_bytes=…&ttl=…] or memory:// "
         "(default: the in-process memory store)",
         "require_durable_store": "refuse to start on a Redis whose settings can lose events "
-        "(docs/store.md)",
-        "tls_cert": "PEM certificate chain: serve wss:// (with --tls-key)",
-        "tls_key": "PEM private key of --tls-cert",
+        "(default: start, and log a warning per setting; docs/store.md)",
+        "tls_cert": "PEM certificate chain: serve wss:// (with --tls-key; default: none, "
+        "plain ws://)",
+        "tls_key": "PEM private key of --tls-cert (default: none)",
     },
     "authentication (docs/security.md)": {
         "jwt_secret": "HS256 secret, 32+ bytes (prefer --jwt-secret-file: flags are visible "
-        "to other users)",
-        "jwt_secret_file": "file holding the HS256 secret",
-        "jwt_public_key_file": "PEM public key verifying RS256/ES256/EdDSA tokens",
-        "jwt_jwks_file": "JWKS file of public keys, by kid (re-read when it changes)",
+        "to other users; default: none; without a JWT key, no authentication)",
+        "jwt_secret_file": "file holding the HS256 secret (default: none)",
+        "jwt_public_key_file": "PEM public key verifying RS256/ES256/EdDSA tokens (default: none)",
+        "jwt_jwks_file": "JWKS file of public keys, by kid (re-read when it changes; default: "
+        "none)",
         "jwt_algorithms": "accepted alg values, comma-separated (default: by key kind)",
-        "jwt_audience": "required aud claim",
-        "jwt_issuer": "required iss claim",
+        "jwt_audience": "required aud claim (default: none; tokens that carry an aud are refused)",
+        "jwt_issuer": "required iss claim (default: none; any issuer)",
         "jwt_leeway": "seconds of clock skew allowed on exp and nbf (default 30)",
         "jwt_grants_claim": "claim holding the grants (default agui)",
-        "jwt_cookie": "cookie that may carry the token (needs --allowed-origins)",
+        "jwt_cookie": "cookie that may carry the token (needs --allowed-origins; default: none)",
         "revocation_file": "revoked jti and sub values, one per line (re-read when it "
-        "changes, and on SIGHUP)",
-        "allow_anonymous": "accept connections without a token (see --anonymous-*)",
+        "changes, and on SIGHUP; default: none)",
+        "allow_anonymous": "accept connections without a token (see --anonymous-*; default: "
+        "off, but a gateway without JWT on a loopback --host accepts them anyway)",
         "anonymous_subscribe": "threads a connection without a token may read, comma-"
         "separated patterns like tenant-1/* (default: all without JWT, none with JWT)",
-        "anonymous_publish": "threads a connection without a token may publish into",
+        "anonymous_publish": "threads a connection without a token may publish into "
+        "(default: all without JWT, none with JWT)",
         "allowed_origins": "origins browsers may connect from, comma-separated; * for any "
         "(default: the gateway's own)",
         "auth_timeout": "seconds a connection without a token has to send auth (default 10)",
@@ -435,7 +439,7 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "ping_interval": "seconds between keepalive pings (default 20)",
         "ping_timeout": "seconds a ping may go unanswered (default 20)",
         "write_timeout": "seconds a write may make no progress before the connection is "
-        "dropped (default: the ping timeout)",
+        "dropped (default: the ping timeout, or 20)",
         "idle_timeout": "seconds before a connection with nothing to do is closed (default 300)",
         "open_timeout": "seconds a new socket has to finish its handshake (default 10)",
     },

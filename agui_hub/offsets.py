@@ -39,10 +39,21 @@ def offset_key(offset: Offset) -> tuple[int, int]:
 def check_thread(thread: str) -> str:
     """Return *thread* if it is a valid thread name, else raise :class:`InvalidEvent`.
 
-    A thread name is 1 to 256 characters without control characters.
+    A thread name is 1 to 256 characters without control characters, and
+    neither begins nor ends with whitespace.
     """
     if not isinstance(thread, str) or not 0 < len(thread) <= MAX_THREAD_LENGTH:
         raise InvalidEvent(f"a thread name is a string of 1 to {MAX_THREAD_LENGTH} characters")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in thread):
         raise InvalidEvent(f"thread name {thread!r} contains control characters")
+    stripped = thread.strip()
+    if stripped != thread:
+        # "demo " would be another thread than "demo", one that nobody can tell
+        # apart on a screen: refused rather than taken for a different name.
+        if not stripped:
+            raise InvalidEvent(f"thread name {thread!r} is only whitespace: give a name")
+        raise InvalidEvent(
+            f"thread name {thread!r} begins or ends with whitespace: "
+            f"remove it (did you mean {stripped!r}?)"
+        )
     return thread

@@ -21,15 +21,21 @@ everything else is one short line. It does no I/O: the caller writes what
 Only one line can be open at a time. An event for another item (or any event
 that prints a line of its own) first ends the open line; a delta for an item
 whose line was interrupted reopens it with a continuation header
-(``assistant (cont.): ``, ``tool get_weather(…``). Work of a subagent (events
-with ``subagentRunId``) is prefixed with ``[<subagentRunId>] ``.
+(``assistant (cont.): ``, ``tool get_weather(…``). Every tool call line that
+was opened gets its closing ``)`` once, when the call ends: at the end of its
+line when that line is still open, else on a line of its own
+(``tool get_weather(…)``). Work of a subagent (events with ``subagentRunId``)
+is prefixed with ``[<subagentRunId>] ``.
 
 Resuming after a restart: rendering is a pure function of (state, event).
 Save :meth:`TranscriptView.state` (small, JSON-serialisable) after writing
 an event's text, and a view built with ``TranscriptView(state=saved)`` renders
-the following events exactly as the first view would have. The state holds
-only the open line's item and the items still open, so it does not grow with
-the length of the thread.
+the following events exactly as the first view would have: an open line is
+continued where it stopped, with no new header. The saved state must describe
+exactly what was written, so a viewer that stops and means to resume writes
+nothing more (not :meth:`~TranscriptView.close`, which ends the open line)
+after its last save. The state holds only the open line's item and the items
+still open, so it does not grow with the length of the thread.
 
 A relay may receive anything a producer stored, so :meth:`~TranscriptView.render`
 accepts any mapping (unknown types, missing fields, wrong types) and never
@@ -446,12 +452,20 @@ class TranscriptView:
         return out + text
 
     def _end(self, key: str) -> str:
+        if self._line == key:
+            self._items.pop(key, None)
+            out = ")\n" if key.startswith(f"{_TOOL}:") else ("" if self._nl else "\n")
+            self._line, self._nl = None, False
+            return out
+        if key.startswith(f"{_TOOL}:") and key in self._items:
+            # A tool call whose line was interrupted still gets its closing
+            # parenthesis: on a line of its own, ``tool f(…)``.
+            out = self._break() + self._header(key, None, True) + ")\n"
+            del self._items[key]
+            return out
+        # A message whose line was already ended: nothing left to show.
         self._items.pop(key, None)
-        if self._line != key:
-            return ""  # its line was already ended; nothing left to show
-        out = ")\n" if key.startswith(f"{_TOOL}:") else ("" if self._nl else "\n")
-        self._line, self._nl = None, False
-        return out
+        return ""
 
     def _on_text_start(self, ev: Mapping[str, Any]) -> str:
         mid = _str(ev.get("messageId"))

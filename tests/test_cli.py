@@ -18,11 +18,14 @@ renderer).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+import shlex
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +38,7 @@ import pytest
 from agui_hub.demo import demo_run
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
-from .processes import CLI, ROOT, GatewayProcess, child_env, start_gateway
+from .processes import CLI, ROOT, GatewayProcess, Gateways, child_env, start_gateway
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -277,13 +280,15 @@ def parse_offsets(out: bytes) -> list[str]:
 
 
 def replay_json(thread: str, url: str) -> list[dict[str, Any]]:
-    """Every stored record of *thread*, checked: offsets strictly increasing, no snapshot."""
+    """Every stored record of *thread*, checked: offsets strictly increasing, no snapshot,
+    each with the eventId derived from the thread and the offset."""
     result = ok("replay", thread, "--url", url, "--json")
     records = [json.loads(line) for line in result.text.splitlines()]
     keys = [offset_key(r["offset"]) for r in records]
     assert keys == sorted(keys) and len(set(keys)) == len(keys), "offsets not increasing"
     for record in records:
-        assert set(record) == {"offset", "event"}, record
+        assert set(record) == {"offset", "event", "eventId"}, record
+        assert record["eventId"] == f"{thread}@{record['offset']}", record
     return records
 
 
@@ -612,6 +617,23 @@ def test_tail_and_publish_started_before_the_gateway_wait_for_it(procs: Procs, t
 # == publish =======================================================================================
 
 
+def replay_into(source: str, copy: str, url: str) -> subprocess.CompletedProcess[bytes]:
+    """``replay SOURCE --json | publish COPY -``, a real pipe between two processes."""
+    env = child_env()
+    with subprocess.Popen([*CLI, "replay", source, "--url", url, "--json"], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as replay:  # fmt: skip
+        try:
+            assert replay.stdout is not None
+            publish = subprocess.run([*CLI, "publish", copy, "-", "--url", url], cwd=ROOT,
+                                     env=env, stdin=replay.stdout, capture_output=True,
+                                     timeout=WAIT)  # fmt: skip
+            replay.stdout.close()
+            assert replay.wait(timeout=WAIT) == 0
+        finally:
+            replay.kill()
+    return publish
+
+
 def test_publish_file_then_pipe(memory_gateway: GatewayProcess, tmp_path: Path):
     url = memory_gateway.url
     thread = unique("pub")
@@ -638,25 +660,18 @@ def test_publish_replay_json_roundtrip_and_idempotent_envelopes(
     original = replay_json(source, url)
     assert len(original) == len(demo_run(source, "x"))
 
-    # replay --json | publish copy -  (a real pipe between the two processes)
-    env = child_env()
-    with subprocess.Popen([*CLI, "replay", source, "--url", url, "--json"], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as replay:  # fmt: skip
-        try:
-            assert replay.stdout is not None
-            publish = subprocess.run([*CLI, "publish", copy, "-", "--url", url], cwd=ROOT,
-                                     env=env, stdin=replay.stdout, capture_output=True,
-                                     timeout=WAIT)  # fmt: skip
-            replay.stdout.close()
-            assert replay.wait(timeout=WAIT) == 0
-        finally:
-            replay.kill()
-    assert publish.returncode == 0, publish.stderr
-    offsets = parse_offsets(publish.stdout)
+    # replay --json | publish copy -  (a real pipe between the two processes), twice:
+    # the eventIds replay prints make the second copy store nothing.
+    outputs = [replay_into(source, copy, url) for _ in range(2)]
+    for publish in outputs:
+        assert publish.returncode == 0, publish.stderr
+    offsets = parse_offsets(outputs[0].stdout)
+    assert parse_offsets(outputs[1].stdout) == offsets  # where they are: stored once
     copied = replay_json(copy, url)
     assert [r["offset"] for r in copied] == offsets
     # The copy's run markers name the thread they are in now; nothing else changed.
     assert [r["event"] for r in copied] == [retarget(r["event"], copy) for r in original]
+    publish = outputs[0]
     assert "published into" in publish.stderr.decode() and copy in publish.stderr.decode()
     assert replay_transcript(copy, url) == replay_transcript(source, url)
 
@@ -784,6 +799,16 @@ USAGE_ERRORS = {
     "no such file": (["publish", "t", "/nonexistent/x.ndjson", "--url", "ws://127.0.0.1:1"],
                      "cannot read"),
     "negative speed": (["demo", "t", "--speed", "-1", "--url", "ws://127.0.0.1:1"], "--speed"),
+    "negative timeout": (["publish", "t", "--timeout", "-1", "--url", "ws://127.0.0.1:1"],
+                         "--timeout"),
+    "thread with a trailing space": (["demo", "demo ", "--url", "ws://127.0.0.1:1"],
+                                     "thread name 'demo ' begins or ends with whitespace"),
+    "thread with a leading space": (["publish", " t", "--url", "ws://127.0.0.1:1"],
+                                    "did you mean 't'?"),
+    "thread of spaces only": (["tail", " ", "--url", "ws://127.0.0.1:1"],
+                              "thread name ' ' is only whitespace"),
+    "replay of a spaced thread": (["replay", "t\u00a0", "--url", "ws://127.0.0.1:1"],
+                                  "whitespace"),
 }  # fmt: skip
 
 
@@ -796,28 +821,350 @@ def test_usage_errors_exit_2(case: str):
     assert "Traceback" not in result.err and result.out == b""
 
 
-def test_unreachable_gateway_exits_1_readably(procs: Procs, tmp_path: Path):
-    """replay fails at once; publish and demo wait for the gateway (the publisher's
-    retry_for, 30 s) and then fail the same way: exit 1, one readable line, no traceback."""
+def test_unreachable_hub_is_said_at_once_then_given_up_after_timeout(procs: Procs, tmp_path: Path):
+    """All four commands say at once that the hub cannot be reached, in one line with
+    the URL and the reason; with --timeout they keep trying that long, then exit 1
+    with one more line, no traceback."""
     url = f"ws://127.0.0.1:{free_port()}"
     path = tmp_path / "run.ndjson"
     path.write_bytes(ndjson(small_run("t", "r1")))
-    waiting = [
-        procs.start("publish", "publish", "t", str(path), "--url", url),
-        procs.start("demo", "demo", "t", "--url", url, "--speed", "0"),
-    ]
-    for name, args in (
-        ("replay", ["replay", "t", "--url", url, "--json"]),
-        ("replay", ["replay", "t", "--url", url]),
-    ):
-        result = cli(*args)
+    timeout = f"{5 * TIMEOUT_SCALE:g}"
+    started = time.monotonic()
+    waiting = {
+        "publish": procs.start("publish", "publish", "t", str(path), "--url", url,
+                               "--timeout", timeout),
+        "demo": procs.start("demo", "demo", "t", "--url", url, "--speed", "0",
+                            "--timeout", timeout),
+        "tail": procs.start("tail", "tail", "t", "--url", url, "--timeout", timeout),
+        "replay": procs.start("replay", "replay", "t", "--url", url, "--timeout", timeout),
+    }  # fmt: skip
+    first = f"cannot connect to {url}: [Errno 111]"
+    for name, proc in waiting.items():
+        wait_until(lambda proc=proc: proc.err(), f"{name} to say something")
+        # At once: long before it gives up (it used to say nothing for 30 s).
+        assert proc.running(), (name, proc.err())
+        line = proc.err().splitlines()[0]
+        assert line.startswith(f"agui-hub {name}: {first}"), line
+        assert line.endswith(f"; retrying for up to {timeout} s (--timeout)"), line
+    assert time.monotonic() - started < float(timeout)
+    for name, proc in waiting.items():
+        assert proc.wait() == 1, (name, proc.err())
+        lines = proc.err().splitlines()
+        assert len(lines) == 2, (name, lines)
+        gave_up = f"agui-hub {name}: gave up after {timeout} s without a connection (--timeout): "
+        assert lines[1].startswith(gave_up + first), lines[1]
+        assert proc.out() == b""
+    assert time.monotonic() - started >= float(timeout)
+
+    # replay fails at once by default (one line, no retry); publish and demo wait 30 s.
+    for args in (["--json"], []):
+        result = cli("replay", "t", "--url", url, *args)
         assert result.code == 1, result
-        assert result.err.startswith(f"agui-hub {name}: cannot connect to {url}"), result.err
+        assert result.err.startswith(f"agui-hub replay: {first}"), result.err
         assert "Traceback" not in result.err and len(result.err.splitlines()) == 1
         assert result.out == b""
-    for proc in waiting:
-        name = proc.args[3]
-        assert proc.wait(timeout=30 + WAIT) == 1, proc.err()
-        assert proc.err().startswith(f"agui-hub {name}: cannot connect to {url}"), proc.err()
-        assert "Traceback" not in proc.err() and len(proc.err().splitlines()) == 1
-        assert proc.out() == b""
+    publish = procs.start("publish-default", "publish", "t", str(path), "--url", url)
+    wait_until(publish.err, "publish to say it is retrying")
+    assert publish.err().rstrip("\n").endswith("retrying for up to 30 s (--timeout)")
+    assert "default 30" in " ".join(ok("publish", "--help").text.split())
+    assert "default 30" in " ".join(ok("demo", "--help").text.split())
+
+
+def test_publish_into_a_redis_that_is_down_says_so_at_once(procs: Procs):
+    store = f"redis://127.0.0.1:{free_port()}/0"
+    run = ndjson(small_run("t", "r1"))
+    result = cli("publish", "t", "-", "--url", store, "--timeout", "1", stdin=run)
+    assert result.code == 1, result
+    lines = result.err.splitlines()
+    assert len(lines) == 2 and "Traceback" not in result.err, lines
+    assert lines[0].startswith("agui-hub publish: ") and store in lines[0], lines
+    assert lines[0].endswith("retrying for up to 1 s (--timeout)"), lines
+    assert lines[1].startswith("agui-hub publish: gave up after 1 s"), lines
+
+
+def test_retry_says_the_first_failure_then_every_ten_seconds():
+    """One line for the first failure, then one every NOTICE_EVERY seconds, not one per
+    attempt; one when the hub answers again; given up after the timeout (a fake clock)."""
+    from agui_hub.cli import NOTICE_EVERY, _Retry
+    from agui_hub.errors import HubUnreachable
+
+    assert NOTICE_EVERY == 10
+    now = [0.0]
+    said: list[str] = []
+    retry = _Retry("publish", "ws://h:1", 25, clock=lambda: now[0], say=said.append)
+    refused = HubUnreachable("cannot connect to ws://h:1: refused")
+    for moment in (0, 0.1, 0.3, 0.7, 5, 9.9, 10.0, 12, 19.9, 20.2, 24.9):
+        now[0] = moment
+        pause = retry.failed(refused)
+        assert 0 <= pause <= 25 - moment + 1e-9, (moment, pause)
+    assert said == [
+        "cannot connect to ws://h:1: refused; retrying for up to 25 s (--timeout)",
+        "still retrying ws://h:1 (10 s so far): cannot connect to ws://h:1: refused",
+        "still retrying ws://h:1 (20 s so far): cannot connect to ws://h:1: refused",
+    ]
+    now[0] = 25.0
+    with pytest.raises(HubUnreachable) as caught:
+        retry.failed(refused)
+    assert str(caught.value) == (
+        "gave up after 25 s without a connection (--timeout): cannot connect to ws://h:1: refused"
+    )
+
+    # The hub answers: said once; the next outage starts afresh.
+    said.clear()
+    now[0] = 3.0
+    retry = _Retry("demo", "ws://h:1", 25, clock=lambda: now[0], say=said.append)
+    retry.failed(refused)
+    now[0] = 6.4
+    retry.succeeded()
+    retry.succeeded()
+    now[0] = 100.0
+    retry.failed(HubUnreachable("no connection to ws://h:1 in time"))
+    assert said == [
+        "cannot connect to ws://h:1: refused; retrying for up to 25 s (--timeout)",
+        "connected to ws://h:1 after 3 s",
+        "no connection to ws://h:1 in time; retrying for up to 25 s (--timeout)",
+    ]
+    # An attempt that waited for the connection a while: the outage began with it.
+    said.clear()
+    late = _Retry("demo", "ws://h:1", 2, clock=lambda: now[0], say=said.append)
+    with pytest.raises(HubUnreachable, match="gave up after 2 s"):
+        late.failed(HubUnreachable("lost the connection to ws://h:1"), now[0] - 2.5)
+    assert said == ["lost the connection to ws://h:1; retrying for up to 2 s (--timeout)"]
+    # No timeout: never gives up; 0: the error itself, at once, nothing said.
+    forever = _Retry("tail", "ws://h:1", None, clock=lambda: now[0], say=said.append)
+    forever.failed(refused)
+    assert said[-1].endswith("retrying until it answers (--timeout)")
+    now[0] = 1e9
+    assert forever.failed(refused) > 0
+    said.clear()
+    with pytest.raises(HubUnreachable) as at_once:
+        _Retry("replay", "ws://h:1", 0, say=said.append).failed(refused)
+    assert at_once.value is refused and said == []
+
+
+def test_demo_cut_short_says_how_to_finish_the_run_and_that_works(
+    redis_server: RedisServer, procs: Procs, tmp_path: Path
+):
+    """The gateway goes away mid-run for longer than --timeout: demo says so at once,
+    gives up, and names the command that finishes the run; run once the gateway is
+    back, that command stores the rest, and every event of the run is stored once."""
+    gateways = Gateways(tmp_path)
+    try:
+        store = redis_url(redis_server)  # outlives the gateway: the run's start is kept
+        gateway = gateways.start(store)
+        url = gateway.url
+        thread, run_id = unique("cut"), unique("run")
+        demo = procs.start("demo", "demo", thread, "--url", url, "--run-id", run_id,
+                           "--speed", "1", "--timeout", "3")  # fmt: skip
+        tail = procs.start("tail", "tail", thread, "--url", url, "--timeout", "2")
+        wait_until(lambda: stored(thread, url) >= 8, "the demo's first events")
+        tail.wait_for(lambda out: b"\n" in out, "the tail's first line")
+        gateway.kill()
+        assert demo.wait() == 1, demo.err()
+        # The tail says the same: lost, then given up after its --timeout.
+        assert tail.wait() == 1, tail.err()
+        assert tail.err().splitlines()[-2:] == [
+            f"agui-hub tail: lost the connection to {url} (code 1006); reconnecting",
+            f"agui-hub tail: gave up after 2 s without a connection (--timeout): "
+            f"lost the connection to {url}",
+        ], tail.err()
+        assert stored(thread, store) < len(demo_run(thread, run_id)), "cut too late"
+        lines = demo.err().splitlines()
+        assert lines[0].startswith(f"agui-hub demo: streaming run {run_id}"), lines
+        assert "retrying for up to 3 s (--timeout)" in lines[1], lines
+        assert len(lines) == 3 and "Traceback" not in demo.err(), lines
+        assert lines[2].startswith("agui-hub demo: gave up after 3 s without a connection"), lines
+        command = f"agui-hub demo {thread} --url {url} --run-id {run_id}"
+        assert lines[2].endswith(
+            f"; run {run_id} is unfinished: finish it, once the hub is back, with: {command}"
+        ), lines[2]
+
+        gateways.start(store, port=gateway.port)
+        finish = ok(*shlex.split(command)[1:], "--speed", "0")
+        assert f"run {run_id} finished" in finish.err
+        records = replay_json(thread, url)
+        assert [r["event"] for r in records] == [e for _, e in demo_run(thread, run_id)]
+    finally:
+        gateways.kill_all()
+
+
+def stored(thread: str, url: str) -> int:
+    """How many events *thread* has (0 while the hub cannot be reached)."""
+    result = cli("replay", thread, "--url", url, "--json")
+    return len(result.out.splitlines()) if result.code == 0 else 0
+
+
+def test_demo_and_tail_across_a_hub_restart_on_the_memory_store(procs: Procs, tmp_path: Path):
+    """The restarted hub has forgotten the thread: demo says it was reset and how to go
+    on (not "[run_not_started] ... send RUN_STARTED first"), and that way works; tail
+    says it lost the connection, got it back, and that events were lost."""
+    gateways = Gateways(tmp_path)
+    try:
+        gateway = gateways.start("memory://")
+        url = gateway.url
+        thread, run_id = unique("reset"), unique("run")
+        tail = procs.start("tail", "tail", thread, "--url", url)
+        demo = procs.start("demo", "demo", thread, "--url", url, "--run-id", run_id,
+                           "--speed", "1")  # fmt: skip
+        tail.wait_for(lambda out: b"thinking: " in out, "the demo's reasoning")
+        gateway.kill()
+        gateways.start("memory://", port=gateway.port)
+        assert demo.wait() == 1, demo.err()
+        err = demo.err()
+        assert "[run_not_started]" not in err and "Traceback" not in err, err
+        said = err.splitlines()[-1]
+        assert said.startswith(
+            f"agui-hub demo: thread {thread!r} was reset while run {run_id} was streaming "
+        ), said
+        assert "its earlier events are gone" in said, said
+        new_run = f"agui-hub demo {thread} --url {url}"
+        again = f"{new_run} --run-id {run_id}"
+        assert f"Start a new run: {new_run} (or" in said and said.endswith(f": {again})"), said
+
+        ok(*shlex.split(again)[1:], "--speed", "0")
+        records = replay_json(thread, url)
+        assert [r["event"] for r in records] == [e for _, e in demo_run(thread, run_id)]
+        tail.wait_for(lambda out: finished_line(run_id) in out, "the run again")
+        out = tail.text_out()
+        notice = "── events were lost to retention or a reset: a snapshot follows\n"
+        assert out.count(notice) == 1, out
+        assert out.index("thinking: ") < out.index(notice) < out.index(f"── run {run_id} finished")
+        err = tail.err()
+        assert f"lost the connection to {url}" in err and "reconnected" in err, err
+        assert err.index("lost the connection") < err.index("reconnected"), err
+    finally:
+        gateways.kill_all()
+
+
+# == tail: waiting, resets =========================================================================
+
+
+def test_tail_of_an_empty_thread_says_it_waits(memory_gateway: GatewayProcess, procs: Procs,
+                                               tmp_path: Path):  # fmt: skip
+    url = memory_gateway.url
+    thread = unique("empty")
+    tail = procs.start("tail", "tail", thread, "--url", url, "--until-finished")
+    wait_until(tail.err, "tail to say something")
+    assert tail.err() == (
+        f"agui-hub tail: thread {thread!r} has no events yet; waiting for its first event\n"
+    )
+    assert tail.running() and tail.out() == b""
+    (tmp_path / "r1.ndjson").write_bytes(ndjson(small_run(thread, "r1")))
+    ok("publish", thread, str(tmp_path / "r1.ndjson"), "--url", url)
+    assert tail.wait() == 0, tail.err()
+    assert tail.out() == replay_transcript(thread, url)
+    # A thread with events: nothing to wait for, nothing said.
+    again = ok("tail", thread, "--url", url, "--until-finished")
+    assert again.err == "" and again.out == tail.out()
+
+
+def test_tail_says_so_when_its_thread_is_reset_while_it_follows(
+    redis_gateway: GatewayProcess, procs: Procs, tmp_path: Path
+):
+    """Redis loses the thread under a live tail (no reconnection): the same notice as
+    after a reconnection, then the new thread."""
+    from agui_hub.store import open_store
+
+    url = redis_gateway.url
+    thread = unique("lost")
+    for run_id in ("r1", "r2"):
+        (tmp_path / f"{run_id}.ndjson").write_bytes(ndjson(small_run(thread, run_id)))
+    ok("publish", thread, str(tmp_path / "r1.ndjson"), "--url", url)
+    tail = procs.start("tail", "tail", thread, "--url", url)
+    tail.wait_for(lambda out: finished_line("r1") in out, "run r1")
+
+    async def delete() -> bool:
+        store = open_store(redis_gateway.store)
+        try:
+            return await store.delete(thread)
+        finally:
+            await store.close()
+
+    assert asyncio.run(delete())
+    ok("publish", thread, str(tmp_path / "r2.ndjson"), "--url", url)
+    tail.wait_for(lambda out: finished_line("r2") in out, "run r2")
+    out = tail.text_out()
+    notice = "── events were lost to retention or a reset: a snapshot follows\n"
+    assert out.count(notice) == 1, out
+    assert out.index("── run r1 finished") < out.index(notice) < out.index("── run r2 finished")
+    assert "reconnected" not in tail.err() and "lost the connection" not in tail.err()
+
+
+# == wss:// to a plain hub, publish input, the redis extra, thread names ==========================
+
+
+def test_wss_to_a_hub_without_tls_says_what_happened(memory_gateway: GatewayProcess):
+    plain = memory_gateway.url
+    url = plain.replace("ws://", "wss://", 1)
+    for args in (["replay", "t"], ["tail", "t", "--timeout", "0"]):
+        result = cli(*args, "--url", url)
+        assert result.code == 1, result
+        assert result.err.startswith(f"agui-hub {args[0]}: cannot connect to {url}: TLS "
+                                     "handshake failed ("), result.err  # fmt: skip
+        assert result.err.rstrip("\n").endswith(
+            f"): is the hub serving TLS? For a hub without TLS use {plain}"
+        ), result.err
+        assert len(result.err.splitlines()) == 1 and result.out == b""
+
+
+def test_publish_names_both_lines_of_a_repeated_event_id(
+    memory_gateway: GatewayProcess, tmp_path: Path
+):
+    url = memory_gateway.url
+    thread = unique("dup")
+    items = envelopes(small_run(thread, "r1"), "id")
+    items[5]["eventId"] = items[2]["eventId"]  # lines 3 and 7 (line 5 is blank)
+    data = ndjson(items[:4]) + b"\n" + ndjson(items[4:])
+    path = tmp_path / "dup.ndjson"
+    path.write_bytes(data)
+    said = "line 7: eventId 'id-2' is also the id of line 3: give each event an id of its own"
+    result = cli("publish", thread, str(path), "--url", url)
+    assert result.code == 1 and result.out == b"", result
+    assert result.err == f"agui-hub publish: {said} (nothing was published)\n", result.err
+    empty = cli("replay", thread, "--url", url, "--json")
+    assert (empty.code, empty.out) == (0, b"")
+    # From a pipe the lines before the batch that holds the repeat may be stored.
+    piped = cli("publish", thread, "-", "--url", url, stdin=data)
+    assert piped.code == 1 and said in piped.err, piped
+    assert "Traceback" not in piped.err
+    assert stored(thread, url) < 6
+
+
+def test_publish_of_no_events_says_so_and_exits_0(memory_gateway: GatewayProcess, tmp_path: Path):
+    url = memory_gateway.url
+    thread = unique("none")
+    path = tmp_path / "blank.ndjson"
+    path.write_bytes(b"\n  \n")
+    result = ok("publish", thread, str(path), "--url", url)
+    assert result.out == b""
+    assert result.err == f"agui-hub publish: no events in {path}: nothing published\n"
+    piped = ok("publish", thread, "-", "--url", url, stdin=b"")
+    assert piped.err == "agui-hub publish: no events in stdin: nothing published\n"
+    # replay --json of an empty thread, piped into publish: the same, exit 0.
+    copy = replay_into(thread, unique("copy"), url)
+    assert copy.returncode == 0 and copy.stdout == b"", copy
+    assert b"no events in stdin" in copy.stderr
+    assert cli("replay", thread, "--url", url).err.endswith("has no events\n")
+
+
+def test_a_redis_url_without_the_redis_extra_exits_1_everywhere_with_one_message():
+    """As after `pip install -e .` without [redis]: importing redis fails."""
+    store = f"redis://127.0.0.1:{free_port()}/0"
+    program = "import sys; sys.modules['redis'] = None; from agui_hub.cli import main; " \
+              "sys.exit(main())"  # fmt: skip
+    messages = {}
+    for args in (
+        ["serve", "--host", "127.0.0.1", "--port", str(free_port()), "--store", store],
+        ["replay", "t", "--url", store],
+        ["publish", "t", "-", "--url", store],
+        ["demo", "t", "--url", store],
+    ):
+        proc = subprocess.run([sys.executable, "-c", program, *args], cwd=ROOT, env=child_env(),
+                              input=b"", capture_output=True, timeout=WAIT)  # fmt: skip
+        err = proc.stderr.decode()
+        assert proc.returncode == 1, (args, err)
+        assert "Traceback" not in err, err
+        line = next(x for x in err.splitlines() if x.startswith(f"agui-hub {args[0]}: "))
+        messages[args[0]] = line.removeprefix(f"agui-hub {args[0]}: ")
+    assert len(set(messages.values())) == 1, messages
+    assert "pip install 'agui-hub[redis]'" in messages["serve"], messages

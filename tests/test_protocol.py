@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agui_hub.codec import DEFAULT_MAX_SIZE, Encoding, encode_msgpack
+from agui_hub.errors import InvalidEvent
+from agui_hub.offsets import check_thread
 from agui_hub.protocol import (
     MAX_EVENTS_PER_PUBLISH,
     SUBPROTOCOL_JSON,
@@ -212,6 +214,33 @@ def test_unknown_fields_are_ignored() -> None:
 def test_thread_names() -> None:
     assert parse({"type": "unsubscribe", "thread": "x" * 256}).thread == "x" * 256
     assert parse({"type": "unsubscribe", "thread": "thread ✓ 𝄞"}).thread == "thread ✓ 𝄞"
+    # Whitespace inside a name is part of it; only around it is refused.
+    assert parse({"type": "unsubscribe", "thread": "a  b"}).thread == "a  b"
+
+
+@pytest.mark.parametrize(
+    ("thread", "says"),
+    [
+        ("demo ", "thread name 'demo ' begins or ends with whitespace: remove it (did you "
+                  "mean 'demo'?)"),
+        (" demo", "begins or ends with whitespace"),
+        ("\u2003x", "begins or ends with whitespace"),
+        (" ", "thread name ' ' is only whitespace: give a name"),
+        ("   ", "is only whitespace"),
+        ("", "a thread name is a string of 1 to 256 characters"),
+        ("a\tb", "contains control characters"),
+        (" \t", "contains control characters"),
+    ],
+)  # fmt: skip
+def test_check_thread_refuses_names_that_cannot_be_told_apart(thread: str, says: str) -> None:
+    with pytest.raises(InvalidEvent) as caught:
+        check_thread(thread)
+    assert says in str(caught.value)
+
+
+def test_check_thread_keeps_a_good_name() -> None:
+    for thread in ("demo", "a b", "tenant-42/run 7", "é" * 256, "x"):
+        assert check_thread(thread) == thread
 
 
 # -- parse_command: errors ------------------------------------------------------------------
@@ -299,6 +328,13 @@ BAD_COMMANDS: list[tuple[dict[str, Any], str]] = [
     ({"type": "subscribe", "thread": "x" * 257}, "thread"),
     ({"type": "subscribe", "thread": "a\nb"}, "thread"),
     ({"type": "subscribe", "thread": "a\x7fb"}, "thread"),
+    # whitespace around the name, or nothing but whitespace
+    ({"type": "subscribe", "thread": "demo "}, "begins or ends with whitespace"),
+    ({"type": "subscribe", "thread": " demo"}, "begins or ends with whitespace"),
+    ({"type": "subscribe", "thread": "demo\u3000"}, "begins or ends with whitespace"),
+    ({"type": "subscribe", "thread": " "}, "only whitespace"),
+    ({"type": "publish", "thread": "\u00a0", "events": [{"type": "CUSTOM"}]}, "only whitespace"),
+    ({"type": "unsubscribe", "thread": "t "}, "whitespace"),
     ({"type": "unsubscribe"}, "thread"),
     ({"type": "unsubscribe", "thread": 1}, "thread"),
     ({"type": "publish", "events": [{"type": "CUSTOM"}]}, "thread"),

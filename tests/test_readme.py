@@ -1,28 +1,25 @@
-"""The README, executed: every ``agui-hub`` command and every Python example in it.
+"""The README, executed: every ``agui-hub`` command in it.
 
 The walk-through ("one run, two viewers, nothing lost") runs as real
 processes, with the README's command lines passed to ``bash`` verbatim; only
-``AGUI_HUB_PORT`` / ``AGUI_HUB_URL`` (and, for the Redis variant,
-``AGUI_HUB_STORE``) point them at a free loopback port and a test Redis. The
-Python examples run with the README's URLs swapped for the test's. A command
-or example added to the README without being run here fails
-:func:`test_every_readme_command_is_exercised`.
+``AGUI_HUB_PORT`` / ``AGUI_HUB_URL`` point them at a free loopback port (and
+the Redis variant's port 6379 becomes a free one). A command added to the
+README without being run here fails :func:`test_every_readme_command_is_exercised`.
+The README's Python examples run in tests/test_docs.py, with those of docs/.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ import pytest
 
 from agui_hub.client import HubClient, ThreadEvent
 
-from .conftest import TIMEOUT_SCALE, RedisServer, free_port
+from .conftest import TIMEOUT_SCALE, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,12 +55,14 @@ def command_lines(block: str) -> list[str]:
     return found
 
 
-def walkthrough() -> tuple[list[str], list[str]]:
-    """The two shell blocks of the walk-through: the four terminals, then replay/publish."""
+def walkthrough() -> tuple[list[str], list[str], list[str]]:
+    """The three shell blocks of the walk-through: the four terminals, then
+    replay/publish, then Redis and the hub on it (comments removed)."""
     section = README.split("## Try it", 1)[1].split("\n## ", 1)[0]
     shells = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
-    assert len(shells) == 2, "the walk-through has two shell blocks"
-    return command_lines(shells[0]), command_lines(shells[1])
+    assert len(shells) == 3, "the walk-through has three shell blocks"
+    redis = [line.split("  #", 1)[0].strip() for line in shells[2].splitlines() if line.strip()]
+    return command_lines(shells[0]), command_lines(shells[1]), redis
 
 
 class Terminal:
@@ -149,44 +148,70 @@ def wait_listening(terminal: Terminal, port: int) -> None:
 
 
 def matches_sample(transcript: str) -> None:
-    """The README's sample transcript describes what tail really prints."""
+    """The README's sample transcript is what tail really prints: line for line,
+    none left out (a line ending in `` ...`` stands for the lines starting so)."""
     section = README.split("## Try it", 1)[1]
     sample = re.search(r"^```text\n(.*?)^```", section, flags=re.S | re.M)
     assert sample is not None
-    lines = transcript.splitlines()
-    position = 0
+    patterns = []
     for expected in sample.group(1).splitlines():
-        if expected == "...":
-            continue
-        pattern = re.escape(expected.removesuffix(" ...").removesuffix("; ..."))
+        shortened = expected.endswith(" ...")
+        pattern = re.escape(expected.removesuffix(" ..."))
         pattern = pattern.replace("run\\-3f2a9c1e", "run-[0-9a-f]{8}")
-        regex = re.compile(pattern)
-        for index in range(position, len(lines)):
-            if regex.match(lines[index]):
-                position = index + 1
-                break
-        else:
-            raise AssertionError(f"README sample line {expected!r} is not in:\n{transcript}")
+        patterns.append(re.compile(pattern + (".*" if shortened else "")))
+    lines = transcript.splitlines()
+    for start in range(len(lines) - len(patterns) + 1):
+        window = lines[start : start + len(patterns)]
+        if all(p.fullmatch(line) for p, line in zip(patterns, window, strict=True)):
+            return
+    raise AssertionError(
+        f"the README's sample transcript:\n{sample.group(1)}\nis not what tail printed:\n"
+        f"{transcript}"
+    )
+
+
+def wait_redis(terminal: Terminal, port: int) -> None:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        assert terminal.process.poll() is None, f"redis-server exited:\n{terminal.errors()}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"redis-server did not answer:\n{terminal.output()}")
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
-def test_walkthrough(
-    backend: str,
-    tmp_path: Path,
-    terminals: list[Terminal],
-    redis_server: RedisServer,
-) -> None:
-    """Hub, two viewers, the demo agent; viewer 3 is killed mid-run and started again."""
-    four, after = walkthrough()
+def test_walkthrough(backend: str, tmp_path: Path, terminals: list[Terminal]) -> None:
+    """Hub, two viewers, the demo agent; viewer 3 is killed mid-run and started again.
+
+    On Redis, the README's Redis (AOF) and hub commands; afterwards Redis is
+    killed with SIGKILL and started again, and the thread is all there."""
+    four, after, (start_redis, serve_on_redis) = walkthrough()
     serve, viewer, keeper, demo = four
     assert serve == "agui-hub serve" and demo == "agui-hub demo"
     port = free_port()
-    store = None if backend == "memory" else f"{redis_server.url}?prefix=readme-{uuid.uuid4().hex}"
-    env = environment(port, store)
+    env = environment(port, None)
+    redis = None
+    if backend == "redis":
+        assert "--port 6379" in start_redis and "redis://localhost:6379/0" in serve_on_redis
+        redis_port = free_port()
+        redis_command = start_redis.replace("--port 6379", f"--port {redis_port}")
+        redis = Terminal(redis_command, tmp_path, env, "redis")
+        terminals.append(redis)
+        wait_redis(redis, redis_port)
+        serve = serve_on_redis.replace(":6379/", f":{redis_port}/")
+        EXERCISED.add(serve_on_redis)
 
     hub = Terminal(serve, tmp_path, env, "hub")
     terminals.append(hub)
     wait_listening(hub, port)
+    # The README's Redis has the settings the store needs: no warning about them.
+    assert "Redis at" not in hub.errors(), hub.errors()
     viewer_a = Terminal(viewer, tmp_path, env, "viewer-a")
     viewer_b = Terminal(keeper, tmp_path, env, "viewer-b1")
     terminals += [viewer_a, viewer_b]
@@ -238,6 +263,15 @@ def test_walkthrough(
         else r["event"]
         for r in records
     ]
+    if redis is not None:
+        # "Restarting ... Redis (even with kill -9) then loses nothing": AOF.
+        redis.signal(signal.SIGKILL)
+        redis.wait()
+        restarted = Terminal(redis_command, tmp_path, env, "redis-2")
+        terminals.append(restarted)
+        wait_redis(restarted, redis_port)
+        assert replay_events(port, "demo") == [r["event"] for r in records]
+        assert "Traceback" not in hub.errors()
     hub.signal(signal.SIGTERM)
     assert hub.wait() == 0
 
@@ -263,58 +297,6 @@ def replay_events(port: int, thread: str) -> list[dict[str, Any]]:
         return events
 
     return asyncio.run(read())
-
-
-# -- the Python examples ---------------------------------------------------------------
-
-
-def run_example(code: str, substitutions: dict[str, str]) -> str:
-    """Run one README example (top-level ``await`` allowed); returns what it printed."""
-    for old, new in substitutions.items():
-        code = code.replace(old, new)
-    namespace: dict[str, Any] = {"__name__": "readme_example"}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        if "await " in code or "async " in code:
-            body = textwrap.indent(code, "    ")
-            exec(compile(f"async def __example__():\n{body}\n", "README.md", "exec"), namespace)
-            asyncio.run(asyncio.wait_for(namespace["__example__"](), WAIT))
-        else:
-            exec(compile(code, "README.md", "exec"), namespace)
-    return out.getvalue()
-
-
-def test_python_examples(tmp_path: Path, terminals: list[Terminal], redis_server: RedisServer):
-    """Every Python block of the README runs against a real hub and Redis."""
-    examples = blocks("python")
-    assert len(examples) >= 4
-    port = free_port()
-    env = environment(port, None)
-    hub = Terminal("agui-hub serve", tmp_path, env, "hub")
-    terminals.append(hub)
-    wait_listening(hub, port)
-    agent = Terminal("agui-hub demo --speed 0", tmp_path, env, "demo")
-    assert agent.wait() == 0, agent.errors()
-    substitutions = {
-        "ws://127.0.0.1:8765": f"ws://127.0.0.1:{port}",
-        "redis://localhost:6379/0": f"{redis_server.url}?prefix=readme-{uuid.uuid4().hex}",
-    }
-    printed = [run_example(code, substitutions) for code in examples]
-
-    # The client example printed the demo's final answer, folded from the events.
-    client_output = next(p for code, p in zip(examples, printed, strict=True)
-                         if "HubClient" in code)  # fmt: skip
-    assert client_output.startswith("Paris is sunny"), client_output
-    # The publisher example's run is in the hub, in order.
-    events = replay_events(port, "t1")
-    assert [e["type"] for e in events] == [
-        "RUN_STARTED",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
-        "RUN_FINISHED",
-    ]
-    assert events[0] == {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"}
 
 
 def test_security_section(tmp_path: Path, terminals: list[Terminal]) -> None:
@@ -355,6 +337,15 @@ def test_security_section(tmp_path: Path, terminals: list[Terminal]) -> None:
     assert "does not grant this thread" in stranger.stderr, stranger.stderr
     assert "Traceback" not in hub.errors()
     EXERCISED.update(command_lines(block))
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run ends with the README's test command, verbatim."""
+    first = blocks("sh")[0]
+    (command,) = [line.split("  #", 1)[0].strip() for line in first.splitlines()
+                  if "pytest" in line]  # fmt: skip
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == command, f".ci/run ends with {ci[-1]!r}; the README says {command!r}"
 
 
 def test_every_readme_command_is_exercised() -> None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import signal
+import subprocess
+import tempfile
+import time
 import unicodedata
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agui_hub.cli import OffsetFile
 from agui_hub.demo import demo_run
 from agui_hub.events import EventType
+from agui_hub.protocol import Position
 from agui_hub.transcript import LIMIT, TranscriptView
 
+from .conftest import TIMEOUT_SCALE
+from .processes import CLI, ROOT, child_env, start_gateway
 from .streams import valid_streams
 
 CORPUS = [
@@ -29,7 +39,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 Event = dict[str, Any]
 
 
-def render(events: list[Mapping[str, Any]], **options: Any) -> str:
+def render(events: Sequence[Mapping[str, Any]], **options: Any) -> str:
     view = TranscriptView(**options)
     return "".join(view.render(e) for e in events) + view.close()
 
@@ -55,7 +65,7 @@ def tool(call_id: str, name: str, *deltas: str) -> list[Event]:
     ]
 
 
-def split_render(events: list[Mapping[str, Any]], k: int, **options: Any) -> str:
+def split_render(events: Sequence[Mapping[str, Any]], k: int, **options: Any) -> str:
     """Render events[:k], save the state through JSON, render the rest in a new view."""
     first = TranscriptView(**options)
     a = "".join(first.render(e) for e in events[:k])
@@ -65,9 +75,38 @@ def split_render(events: list[Mapping[str, Any]], k: int, **options: Any) -> str
     return a + b
 
 
-def whole_render(events: list[Mapping[str, Any]], **options: Any) -> str:
+def whole_render(events: Sequence[Mapping[str, Any]], **options: Any) -> str:
     view = TranscriptView(**options)
     return "".join(view.render(e) for e in events)
+
+
+def resumed_render(
+    events: Sequence[Mapping[str, Any]], cuts: list[int], path: Path, *, close: bool, **options: Any
+) -> str:
+    """What ``tail --offset-file`` prints over the lives that *cuts* make.
+
+    Each life renders its events, saving the position and the view's state in
+    the offset file after each one (:class:`agui_hub.cli.OffsetFile`, the
+    code ``tail`` uses), and is stopped without writing anything more, as
+    ``tail`` is on Ctrl-C or SIGKILL; the next life restores the view from the
+    file. With *close*, the last life ends with :meth:`TranscriptView.close`
+    as ``replay`` does. *path* must not exist yet.
+    """
+    out = ""
+    view = TranscriptView(**options)
+    bounds = [0, *sorted(cuts), len(events)]
+    for life, (begin, end) in enumerate(itertools.pairwise(bounds)):
+        offset_file = OffsetFile(path)
+        try:
+            if life:
+                saved = offset_file.load("t")
+                view = TranscriptView(state=saved[1] if saved else None, **options)
+            for index in range(begin, end):
+                out += view.render(events[index])
+                offset_file.save("t", Position(f"1-{index}", "e"), view.state())
+        finally:
+            offset_file.close()
+    return out + (view.close() if close else "")
 
 
 # -- golden output of each kind ------------------------------------------------------
@@ -324,6 +363,102 @@ def test_an_end_of_an_interrupted_item_prints_nothing() -> None:
     assert render(events) == "assistant: one\n▸ step s\n▸ step s done\n"
 
 
+def test_a_tool_call_interrupted_by_a_message_still_gets_its_paren() -> None:
+    events = [
+        *tool("c1", "f", '{"a":1}')[:2],
+        *text("m1", "hi"),
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"},
+    ]
+    assert render(events) == 'tool f({"a":1}\nassistant: hi\ntool f(…)\n'
+    # The message still open when the call ends: its line goes on as "(cont.)".
+    events = [
+        *tool("c1", "f", "{}")[:2],
+        *text("m1", "hi")[:2],
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"},
+        *text("m1", "!")[1:],
+    ]
+    assert render(events) == "tool f({}\nassistant: hi\ntool f(…)\nassistant (cont.): !\n"
+
+
+def test_an_interrupted_tool_call_gets_its_paren_once() -> None:
+    events: list[Event] = [
+        {"type": "TOOL_CALL_START", "toolCallId": "c1", "toolCallName": "f"},
+        {"type": "STEP_STARTED", "stepName": "s"},
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"},
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"},  # a duplicate end shows nothing
+        {"type": "TOOL_CALL_START", "toolCallId": "c2", "toolCallName": "g", "subagentRunId": "s"},
+        {"type": "STATE_SNAPSHOT", "snapshot": {}},
+        {"type": "TOOL_CALL_END", "toolCallId": "c2"},
+    ]
+    assert render(events) == (
+        "tool f(\n▸ step s\ntool f(…)\n[s] tool g(\nstate: {}\n[s] tool g(…)\n"
+    )
+
+
+def test_an_interrupted_chunk_tool_call_gets_its_paren_when_its_stream_ends() -> None:
+    events: list[Event] = [
+        {"type": "TOOL_CALL_CHUNK", "toolCallId": "c1", "toolCallName": "f", "delta": "{"},
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "m", "subagentRunId": "s1", "delta": "x"},
+        {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"},
+    ]
+    assert render(events) == "tool f({\n[s1] assistant: x\ntool f(…)\n── run r finished\n"
+
+
+def test_an_unknown_or_aborted_tool_call_end_prints_nothing() -> None:
+    # Its start was never seen (a tail joining mid-call, after a snapshot).
+    assert render([{"type": "TOOL_CALL_END", "toolCallId": "c1"}]) == ""
+    # A run error ends the run: the call never ended, so no parenthesis.
+    events: list[Event] = [
+        *tool("c1", "f", "{")[:2],
+        {"type": "RUN_ERROR", "message": "boom"},
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"},
+    ]
+    assert render(events) == "tool f({\n── run error: boom\n"
+
+
+@st.composite
+def interleaved_items(draw: st.DrawFn) -> list[Event]:
+    """Tool calls f0.. and messages interleaved at random, with steps between; no
+    delta holds a parenthesis, nor a tool call's a newline."""
+    items: list[list[Event]] = []
+    for number in range(draw(st.integers(1, 3))):
+        deltas = draw(st.lists(st.sampled_from(["x", '{"a": 1}']), max_size=3))
+        items.append(tool(f"c{number}", f"f{number}", *deltas))
+    for number in range(draw(st.integers(0, 3))):
+        deltas = draw(st.lists(st.sampled_from(["y", "y\n"]), max_size=3))
+        items.append(text(f"m{number}", *deltas, role=draw(st.sampled_from(["user", "assistant"]))))
+    steps = draw(st.integers(0, 2))
+    events: list[Event] = []
+    while any(items) or steps:
+        choices = [index for index, item in enumerate(items) if item]
+        pick = draw(st.sampled_from([*choices, *([-1] if steps else [])]))  # -1: a step
+        if pick < 0:
+            events.append({"type": "STEP_STARTED", "stepName": f"s{steps}"})
+            steps -= 1
+        else:
+            events.append(items[pick].pop(0))
+    return events
+
+
+@settings(max_examples=200, deadline=None)
+@given(interleaved_items(), st.data())
+def test_every_tool_call_line_is_closed_exactly_once(
+    events: list[Event], data: st.DataObject
+) -> None:
+    calls = {e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"}
+    cuts = data.draw(st.lists(st.integers(0, len(events)), max_size=2), label="cuts")
+    whole = render(events)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert resumed_render(events, cuts, Path(tmp) / "pos", close=True) == whole
+    closed = [line for line in whole.splitlines() if line.endswith(")")]
+    assert len(closed) == len(calls) and all(line.startswith("tool ") for line in closed)
+    for name in calls:
+        lines = [line for line in whole.splitlines() if line.startswith(f"tool {name}(")]
+        # Continuations may follow ("tool f(…"); the last one, only, is closed.
+        assert lines[-1].endswith(")"), (name, whole)
+        assert not any(line.endswith(")") for line in lines[:-1]), (name, whole)
+
+
 def test_empty_delta_does_not_reopen_a_line() -> None:
     events = [
         *text("a", "one")[:2],
@@ -428,6 +563,40 @@ def test_split_in_an_interleaved_stream() -> None:
     assert "[s] user (cont.): x\n" in whole
     for k in range(len(events) + 1):
         assert split_render(events, k) == whole, k
+
+
+def test_a_viewer_stopped_mid_line_continues_the_line_without_a_header() -> None:
+    events = [
+        *text("m1", "Hel", "lo"),
+        *tool("c1", "f", '{"a":', "1}"),
+        {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"},
+    ]
+    whole = render(events)
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(len(events) + 1):
+            path = Path(tmp) / f"{k}.pos"
+            assert resumed_render(events, [k], path, close=True) == whole, k
+        # Stopped after "Hel": the first life printed a partial line, and the
+        # second goes on from there.
+        first = resumed_render(events[:2], [], Path(tmp) / "first.pos", close=False)
+        assert first == "assistant: Hel"
+    assert "(cont.)" not in whole and whole.count(")") == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_streams(), st.data(), st.booleans(), st.booleans())
+def test_a_viewer_stopped_and_restarted_prints_the_uninterrupted_transcript(
+    events: list[Event], data: st.DataObject, color: bool, close: bool
+) -> None:
+    """Through the offset file, as `tail --offset-file`: stopped after any event (once
+    or a few times, Ctrl-C or kill -9 alike) and restarted, the lives' outputs
+    concatenated are the transcript of one view, with and without the final close."""
+    cuts = data.draw(st.lists(st.integers(0, len(events)), min_size=1, max_size=3), label="cuts")
+    view = TranscriptView(color=color)
+    whole = "".join(view.render(e) for e in events) + (view.close() if close else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        resumed = resumed_render(events, cuts, Path(tmp) / "pos", close=close, color=color)
+    assert resumed == whole
 
 
 JSON = st.recursive(
@@ -660,3 +829,136 @@ def test_a_saved_state_is_not_shared_with_the_view() -> None:
     assert restored.render({"type": "TEXT_MESSAGE_END", "messageId": "m1"}) == "\n"
     assert restored.state()["items"] == {}
     assert view.state()["items"] == {"text:m1": {"role": "assistant"}}
+
+
+# -- a real tail stopped with Ctrl-C and started again -------------------------------------
+
+WAIT = 10 * TIMEOUT_SCALE
+
+
+def wait_until(predicate: Callable[[], Any], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {WAIT:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def run_cli(*args: str) -> bytes:
+    """The stdout of a command that must succeed."""
+    proc = subprocess.run(
+        [*CLI, *args], stdin=subprocess.DEVNULL, capture_output=True, cwd=ROOT, env=child_env(),
+        timeout=WAIT,
+    )  # fmt: skip
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0 and "Traceback" not in err, (args, proc.returncode, err)
+    return proc.stdout
+
+
+def saved_offset(path: Path) -> str | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8").strip() or "null")
+    except (OSError, ValueError):
+        return None  # not written yet
+    return record.get("offset") if isinstance(record, dict) else None
+
+
+def with_an_aside(events: list[Event], run_id: str) -> list[Event]:
+    """The demo run with a message streamed while its first tool call is still open."""
+    at = next(i for i, e in enumerate(events) if e["type"] == "TOOL_CALL_END")
+    aside = text(f"{run_id}-aside", "One moment", ".")
+    return [*events[:at], *aside, *events[at:]]
+
+
+def test_tail_stopped_with_ctrl_c_and_restarted_prints_the_uninterrupted_transcript(
+    tmp_path: Path,
+) -> None:
+    """`tail --offset-file` gets SIGINT in the middle of a line five times (reasoning,
+    tool arguments, a message interleaved with a tool call, tool arguments again, the
+    answer), and is started again each time, with events published both while it runs
+    and while it is stopped: its six outputs concatenated are byte for byte an
+    uninterrupted tail's transcript, and a replay's."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    thread = f"ctrl-c-{run_id}"
+    events = with_an_aside([event for _, event in demo_run(thread, run_id)], run_id)
+    types = [e["type"] for e in events]
+    first_call = types.index("TOOL_CALL_START")
+    cuts = [
+        types.index("REASONING_MESSAGE_START") + 6,  # mid reasoning
+        first_call + 3,  # mid tool arguments
+        types.index("TEXT_MESSAGE_START", first_call) + 2,  # mid message, the call open
+        types.index("TOOL_CALL_START", first_call + 1) + 3,  # mid tool arguments
+        len(events) - 12,  # mid answer
+    ]
+    for cut in cuts:
+        assert types[cut - 1].endswith("_CONTENT") or types[cut - 1] == "TOOL_CALL_ARGS"
+    bounds = [0, *cuts, len(events)]
+    pieces = [events[a:b] for a, b in itertools.pairwise(bounds)]
+
+    gateway = start_gateway(tmp_path, "memory://")
+    tails: list[subprocess.Popen[bytes]] = []
+    try:
+        url = gateway.url
+        pos = tmp_path / "viewer.pos"
+        tail_argv = [*CLI, "tail", thread, "--url", url, "--offset-file", str(pos),
+                     "--until-finished"]  # fmt: skip
+        stored: list[str] = []
+        outputs: list[Path] = []
+        for life, piece in enumerate(pieces):
+
+            def publish(piece: list[Event] = piece) -> None:
+                lines = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in piece)
+                path = tmp_path / "piece.ndjson"
+                path.write_text(lines, encoding="utf-8")
+                offsets = run_cli("publish", thread, str(path), "--url", url).split()
+                assert len(offsets) == len(piece)
+                stored.extend(o.decode() for o in offsets)
+
+            if life % 2:
+                publish()  # while no tail runs
+            outputs.append(tmp_path / f"tail-{life}.out")
+            with outputs[-1].open("wb") as out, (tmp_path / f"tail-{life}.err").open("wb") as err:
+                tails.append(
+                    subprocess.Popen(
+                        tail_argv,
+                        cwd=ROOT,
+                        env=child_env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                    )
+                )
+            if not life % 2:
+                publish()  # live
+            tail = tails[-1]
+            if life < len(pieces) - 1:
+                wait_until(lambda: saved_offset(pos) == stored[-1], f"life {life} to print")
+                tail.send_signal(signal.SIGINT)
+                assert tail.wait(timeout=WAIT) == 130
+            else:
+                assert tail.wait(timeout=WAIT) == 0  # --until-finished
+            err_text = (tmp_path / f"tail-{life}.err").read_text(errors="replace")
+            assert "Traceback" not in err_text, err_text
+        full = run_cli("replay", thread, "--url", url)
+        uninterrupted = run_cli("tail", thread, "--url", url, "--until-finished")
+    finally:
+        for tail in tails:
+            if tail.poll() is None:
+                tail.kill()
+                tail.wait(timeout=WAIT)
+        gateway.kill()
+    assert not gateway.logged_errors(), gateway.log()[-4000:]
+
+    outs = [path.read_bytes() for path in outputs]
+    assert b"".join(outs) == full
+    assert uninterrupted == full
+    # Each life stopped mid-line, and the next went on with that line: no header.
+    for number, cut in enumerate(cuts):
+        assert outs[number].endswith(events[cut - 1]["delta"].encode()), number
+        assert outs[number + 1].startswith(events[cut]["delta"].encode()), number
+    lines = full.decode().splitlines()
+    assert "(cont.)" not in full.decode()
+    assert 'tool get_weather({"city": "Paris", "unit": "celsius"}' in lines
+    assert "assistant: One moment." in lines and "tool get_weather(…)" in lines
+    closed = [line for line in lines if line.startswith("tool ") and line.endswith(")")]
+    assert len(closed) == 2  # each tool call closed once
