@@ -217,6 +217,12 @@ class ChunkExpander:
         self.thread = thread
         self._lanes: dict[str | None, _Stream] = {}
 
+    def copy(self) -> ChunkExpander:
+        """An independent copy, to try events on (the streams themselves are immutable)."""
+        twin = ChunkExpander(self.thread)
+        twin._lanes = dict(self._lanes)
+        return twin
+
     @property
     def open_streams(self) -> dict[str | None, tuple[str, str]]:
         """The stream each lane is assembling: lane -> (kind, id), in opening order.

@@ -102,9 +102,11 @@ class RunStatus(enum.StrEnum):
 class RunRecord:
     """One run of the thread.
 
-    ``started`` is the RUN_STARTED event without its ``input`` (the input's
-    messages are folded into the message list); ``ended`` is the RUN_FINISHED
-    or RUN_ERROR event as published (outcome, interrupts, usage, result).
+    ``started`` is the RUN_STARTED event as published for the thread's latest
+    run, its ``input`` included (for snapshots) but for the input's messages,
+    which are folded into the message list; without ``input`` for earlier runs; ``ended`` is
+    the RUN_FINISHED or RUN_ERROR event as published (outcome, interrupts,
+    usage, result).
     """
 
     run_id: str | None
@@ -865,12 +867,14 @@ class ThreadState:
         ):  # fmt: skip
             for attrs in open_now.values():
                 event = {"type": opener, **attrs}
-                if kind == "reasoning":
-                    event["role"] = "reasoning"
                 if (kind, attrs.get(key)) in chunked:
+                    # A chunk has exactly the fields of its type in AG-UI 1.0
+                    # (REASONING_MESSAGE_CHUNK has no role): nothing extra.
                     event["type"] = chunk
                     chunks.append(event)
                 else:
+                    if kind == "reasoning":
+                        event["role"] = "reasoning"
                     out.append(event)
         return out + chunks
 
@@ -1326,7 +1330,18 @@ def _input_messages(e: WireEvent) -> list[Msg]:
 def on_run_started(ts: ThreadState, e: WireEvent) -> None:
     input_messages = _input_messages(e)  # first: a malformed input changes nothing
     ts._close_everything()
-    started = {k: v for k, v in e.items() if k != "input"}
+    # The latest run keeps its input (tools, context, forwarded props: what a
+    # late joiner's snapshot must carry); earlier runs drop theirs, so that a
+    # long thread does not hold every run's input.
+    for earlier in ts.runs:
+        if earlier.started is not None and "input" in earlier.started:
+            earlier.started = {k: v for k, v in earlier.started.items() if k != "input"}
+    started = dict(e)
+    run_input = started.get("input")
+    if isinstance(run_input, dict) and run_input.get("messages"):
+        # Its messages are kept once, in the message list (and in a snapshot's
+        # MESSAGES_SNAPSHOT, in the thread's order): not twice.
+        started["input"] = {**run_input, "messages": []}
     ts.runs.append(
         RunRecord(
             run_id=e.get("runId"),

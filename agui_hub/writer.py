@@ -45,6 +45,7 @@ from typing import Any
 
 import msgpack
 
+from .chunks import ChunkExpander
 from .errors import (
     AppendConflict,
     LimitExceeded,
@@ -100,6 +101,8 @@ class _Seen:
     """For a trimmed thread: the ids its kept events mention (``None``: not trimmed)."""
     cached: int = 0
     """Bytes of :attr:`docs` counted in the writer's total (while it is cached)."""
+    chunks: ChunkExpander = field(default_factory=ChunkExpander)
+    """The chunk streams open in the thread, to check the next chunks against."""
 
 
 @dataclass(slots=True)
@@ -250,7 +253,7 @@ class ThreadWriter:
             if isinstance(judged, list):
                 return judged  # every event was stored already
             # seen.docs holds the batch's effect now, to commit or roll back.
-            trial, window, first = judged
+            trial, window, first, chunks = judged
             try:
                 offsets = await self.store.append(
                     thread, inputs, expect=Expected(seen.epoch, seen.after)
@@ -275,6 +278,7 @@ class ThreadWriter:
                     _fold(seen, wires[n])
             else:
                 seen.docs.commit()
+                seen.chunks = chunks
                 if trial is None:  # one event, checked without a copy: apply it now
                     seen.verifier.verify(first)
                 else:
@@ -295,7 +299,10 @@ class ThreadWriter:
 
     async def _judge(
         self, thread: str, seen: _Seen, wires: list[dict[str, Any]], ids: list[str], retry: bool
-    ) -> list[Offset] | tuple[SequenceVerifier | None, set[str] | None, dict[str, Any]]:
+    ) -> (
+        list[Offset]
+        | tuple[SequenceVerifier | None, set[str] | None, dict[str, Any], ChunkExpander]
+    ):
         """Judge *wires* after *seen*: what :func:`_try` returns plus the first
         event judged, or the offsets of a batch that is stored already.
 
@@ -304,8 +311,8 @@ class ThreadWriter:
         holds the batch's effect, to commit once stored or roll back.
         """
         try:
-            trial, window = _try(seen, wires, range(len(wires)))
-            return trial, window, wires[0]
+            trial, window, chunks = _try(seen, wires, range(len(wires)))
+            return trial, window, wires[0], chunks
         except _REFUSED:
             # Perhaps a retry of events that are stored already (a catch-up
             # folded them in): those are answered with their offsets, and only
@@ -319,8 +326,8 @@ class ThreadWriter:
         if not positions:
             return [known[i] for i in ids]
         judged = [wires[n] for n in positions]
-        trial, window = _try(seen, judged, positions)
-        return trial, window, judged[0]
+        trial, window, chunks = _try(seen, judged, positions)
+        return trial, window, judged[0], chunks
 
     def forget(self, thread: str) -> None:
         """Drop what the writer knows of *thread* (it is rebuilt from the store)."""
@@ -430,6 +437,7 @@ class ThreadWriter:
             seen = self._new_seen(thread, checkpoint.offset, epoch)
             try:
                 for event in msgpack.unpackb(checkpoint.events, raw=False):
+                    seen.chunks.expand(event)  # a checkpoint reopens chunk streams
                     seen.verifier.verify(event)
                     seen.docs.fold(event)
             except (ProtocolError, ValueError, TypeError, msgpack.UnpackException):
@@ -462,38 +470,47 @@ _ID_KEYS = ("messageId", "toolCallId", "stepName", "subagentRunId")
 
 def _try(
     seen: _Seen, wires: list[dict[str, Any]], positions: Sequence[int]
-) -> tuple[SequenceVerifier | None, set[str] | None]:
+) -> tuple[SequenceVerifier | None, set[str] | None, ChunkExpander]:
     """Judge *wires* (at *positions* of the published batch) after what *seen*
     knows, changing nothing of its sequence state.
 
     Returns the verifier and window to keep once they are stored, or
     ``(None, None)`` for a single event that was only checked (apply it to
-    ``seen.verifier`` after the append). ``seen.docs`` holds the effect of the
-    events, to commit or roll back. Raises :class:`SequenceError`,
-    :class:`PatchError` or :class:`LimitExceeded` with the offending event's
-    position as its ``index``, and ``seen.docs`` unchanged.
+    ``seen.verifier`` after the append), and the chunk streams to keep.
+    ``seen.docs`` holds the effect of the events, to commit or roll back.
+    Raises :class:`ChunkError` (a chunk the official client's chunk transform
+    refuses: a first chunk without an id, a role that changes),
+    :class:`SequenceError`, :class:`PatchError` or :class:`LimitExceeded` with
+    the offending event's position as its ``index``, and ``seen.docs`` unchanged.
     """
     docs = seen.docs
+    # In a trimmed thread a chunk may continue a stream opened in the trimmed
+    # part: its chunks get the benefit of the doubt, as its other events do.
+    chunks = seen.chunks.copy()
+    check_chunks = seen.window is None
     docs.begin()
     try:
         if len(wires) == 1 and seen.window is None:
             try:
+                chunks.expand(wires[0])
                 seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
                 docs.apply(wires[0])
             except ProtocolError as exc:
                 exc.index = positions[0]
                 raise
-            return None, None
+            return None, None, chunks
         trial = seen.verifier.copy()
         window = None if seen.window is None else set(seen.window)
         for wire, position in zip(wires, positions, strict=True):
             try:
+                if check_chunks:
+                    chunks.expand(wire)
                 _verify(trial, wire, window)
                 docs.apply(wire)
             except ProtocolError as exc:
                 exc.index = position
                 raise
-        return trial, window
+        return trial, window, chunks
     except BaseException:
         docs.rollback()
         raise
@@ -539,6 +556,8 @@ def _verify(verifier: SequenceVerifier, event: dict[str, Any], window: set[str] 
 def _fold(seen: _Seen, event: Any) -> None:
     """Apply an event that is stored already to *seen*, whatever the rules say of it
     (state events that do not apply are skipped, as a gateway's fold skips them)."""
+    with contextlib.suppress(ProtocolError, ValueError, TypeError):
+        seen.chunks.expand(event)
     with contextlib.suppress(ProtocolError, ValueError, TypeError):
         _verify(seen.verifier, event, seen.window)
     seen.docs.fold(event)
