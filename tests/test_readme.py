@@ -10,7 +10,6 @@ The README's Python examples run in tests/test_docs.py, with those of docs/.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -25,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from agui_hub.client import HubClient, ThreadEvent
 
 from .conftest import TIMEOUT_SCALE, free_port
 
@@ -277,26 +274,10 @@ def test_walkthrough(backend: str, tmp_path: Path, terminals: list[Terminal]) ->
 
 
 def replay_events(port: int, thread: str) -> list[dict[str, Any]]:
-    async def read() -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        async with (
-            HubClient(f"ws://127.0.0.1:{port}") as hub,
-            hub.subscribe(thread, "start") as sub,
-        ):
-            newest = None
-            async with asyncio.timeout(WAIT):
-                async for item in sub:
-                    if newest is None and hasattr(item, "recovered"):
-                        newest = item.offset  # type: ignore[union-attr]
-                        if newest == "0-0":
-                            break
-                    if isinstance(item, ThreadEvent):
-                        events.append(item.event)
-                        if item.offset == newest:
-                            break
-        return events
+    """Every event stored in *thread* of the gateway on *port*."""
+    from .test_docs import read_thread
 
-    return asyncio.run(read())
+    return read_thread(f"ws://127.0.0.1:{port}", thread)
 
 
 def test_security_section(tmp_path: Path, terminals: list[Terminal]) -> None:
