@@ -75,48 +75,49 @@ async def settled(hub: hub_module.Hub) -> None:
     raise AssertionError("members still catching up")
 
 
+async def publish_while_live(store: MemoryStore, events: list[dict[str, Any]]) -> None:
+    """Publish *events* through a hub where the thread is live (so it checkpoints)."""
+    first = hub_module.Hub(store)
+    await first.subscribe(Viewer(), "t", 1, StartKind.LIVE, None)
+    await publish_all(first, events)
+    await asyncio.sleep(0.05)  # let the checkpoint task run
+    await first.close()
+
+
+async def late_snapshot(store: MemoryStore) -> dict[str, Any]:
+    """The snapshot a viewer of another process (a new hub) gets for the thread."""
+    second = hub_module.Hub(store)
+    late = Viewer()
+    await second.subscribe(late, "t", 1, StartKind.SNAPSHOT, None)
+    await second.close()
+    (snapshot,) = late.of_type("snapshot")
+    return snapshot
+
+
 async def test_a_new_process_folds_a_trimmed_thread_from_the_checkpoint() -> None:
     # Checkpoints come every max_len / 2 events, so trimming never outruns them.
     store = MemoryStore(retention=Retention(max_len=150))
     events = run_events(600)
-    first = hub_module.Hub(store)
-    keeper = Viewer()
-    await first.subscribe(keeper, "t", 1, StartKind.LIVE, None)  # the thread is live here
-    await publish_all(first, events)
-    await asyncio.sleep(0.05)  # let the checkpoint task run
+    await publish_while_live(store, events)
     assert await store.get_checkpoint("t") is not None
-    await first.close()
 
     # Another process starts after most of the thread was trimmed away.
-    second = hub_module.Hub(store)
-    late = Viewer()
-    await second.subscribe(late, "t", 1, StartKind.SNAPSHOT, None)
-    (snapshot,) = late.of_type("snapshot")
+    snapshot = await late_snapshot(store)
     assert snapshot["complete"] is True
     assert fold(snapshot["events"]) == fold(events)
-    await second.close()
 
 
 async def test_checkpoints_keep_up_with_retention_by_bytes() -> None:
     # Trimmed by bytes, not length: checkpoints come every max_bytes / 2 bytes.
     store = MemoryStore(retention=Retention(max_len=0, max_bytes=8_000))
     events = run_events(1200)  # ~40 bytes each: the store keeps ~200 of them
-    first = hub_module.Hub(store)
-    keeper = Viewer()
-    await first.subscribe(keeper, "t", 1, StartKind.LIVE, None)
-    await publish_all(first, events)
-    await asyncio.sleep(0.05)
+    await publish_while_live(store, events)
     info = await store.info("t")
     assert info is not None and info.length < 400  # most of the thread was trimmed
-    await first.close()
 
-    second = hub_module.Hub(store)
-    late = Viewer()
-    await second.subscribe(late, "t", 1, StartKind.SNAPSHOT, None)
-    (snapshot,) = late.of_type("snapshot")
+    snapshot = await late_snapshot(store)
     assert snapshot["complete"] is True
     assert fold(snapshot["events"]) == fold(events)
-    await second.close()
 
 
 async def test_without_a_checkpoint_a_trimmed_thread_gives_an_incomplete_snapshot() -> None:

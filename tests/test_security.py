@@ -966,16 +966,22 @@ async def served_during_flood(gateway: GatewayProcess, viewer: Peer, publisher: 
     await viewer.ping()
 
 
+async def viewer_and_publisher(peers: Peers, url: str, jwt_token: str) -> tuple[Peer, Peer]:
+    """A viewer of ``t/flood`` (live) and a publisher into it, before a flood."""
+    viewer = await peers.open(url, jwt_token)
+    publisher = await peers.open(url, jwt_token)
+    assert (await publisher.publish("t/flood", [run_started("t/flood")]))["type"] == "published"
+    assert (await viewer.subscribe("t/flood", "live"))["type"] == "subscribed"
+    return viewer, publisher
+
+
 async def test_socket_flood_keeps_health_checks_and_subscribers_served(
     gateways: Gateways, peers: Peers
 ) -> None:
     gateway = gateways.start(None, "--max-connections", "50")
     url = gateway.url
     jwt_token = tenant_token("nora", "t")
-    viewer = await peers.open(url, jwt_token)
-    publisher = await peers.open(url, jwt_token)
-    assert (await publisher.publish("t/flood", [run_started("t/flood")]))["type"] == "published"
-    assert (await viewer.subscribe("t/flood", "live"))["type"] == "subscribed"
+    viewer, publisher = await viewer_and_publisher(peers, url, jwt_token)
 
     flood = Flood(gateway.port, url, jwt_token)
     try:
@@ -1014,10 +1020,7 @@ async def test_socket_flood_under_a_low_open_file_limit_never_runs_out_of_descri
     assert f"open-file limit {FLOOD_FILE_LIMIT}" in log, log
     url = gateway.url
     jwt_token = tenant_token("nora", "t")
-    viewer = await peers.open(url, jwt_token)
-    publisher = await peers.open(url, jwt_token)
-    assert (await publisher.publish("t/flood", [run_started("t/flood")]))["type"] == "published"
-    assert (await viewer.subscribe("t/flood", "live"))["type"] == "subscribed"
+    viewer, publisher = await viewer_and_publisher(peers, url, jwt_token)
 
     flood = Flood(gateway.port, url, jwt_token)
     try:
