@@ -9,7 +9,8 @@ prefix)::
                              offset), last (last offset appended), ids ("1": ids kept),
                              bytes (sum of the stored entries' event payload sizes)
     agui:{<thread>}:ids      hash: event id -> offset, for idempotent publishing
-    agui:{<thread>}:notify   pub/sub channel: "new entries", the last offset as payload
+    agui:{<thread>}:notify   pub/sub channel: "new entries": the entries themselves
+                             (see _CARRIED) or the last offset
     agui:tenant:{<tenant>}   set: the tenant's threads (only with max_tenant_threads)
 
 Entry format (fields of each stream entry, values are bytes):
@@ -31,10 +32,14 @@ stream or ids hash lost under its epoch (eviction) and gives the thread a new
 epoch (or rebuilds the ids), so that nothing rewinds silently.
 
 Live tail: one reader per store object (per process) serves every thread that
-has local subscribers. It keeps one pub/sub connection, subscribes to a
-thread's notify channel while the thread has subscribers, and on a
-notification reads the new entries with XRANGE after an explicit last-seen
-offset (never ``$``), batched in one pipeline for all notified threads. Adding
+has local subscribers. It keeps one pub/sub connection and subscribes to a
+thread's notify channel while the thread has subscribers. A notification from
+the append script carries the new entries (up to ``notify_bytes`` of events)
+and the offset they follow: when that is the reader's cursor, the reader
+delivers them as they are, with no read. Otherwise (a larger append, a missed
+notification, a plain producer's notification, which may say anything) it
+reads the new entries with XRANGE after an explicit last-seen offset (never
+``$``), batched in one pipeline for all notified threads. Adding
 or removing a thread sends SUBSCRIBE / UNSUBSCRIBE on the same connection: no
 blocking read is cancelled, no connection opened. Commands go through one
 bounded connection pool, so a process holds the same number of Redis
@@ -52,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import logging
 import math
 import secrets
@@ -60,11 +66,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import (
@@ -155,7 +162,7 @@ end
 # ARGV: epoch candidate, max_len, max_age_ms, ttl_ms, channel, n,
 #       expected after ("" appends unconditionally), expected epoch ("" for none),
 #       ids rebuild limit, max_bytes, max_tenant_threads, thread id, key prefix,
-#       then n times: event id, run id, type, msgpack payload
+#       notify_bytes, then n times: event id, run id, type, msgpack payload
 # Returns: {epoch, {offset per event}, status}, {"conflict", status} when the
 # expectation fails, or {"too_many_threads", status} when the append would create
 # a thread past its tenant's quota. status: "" or why the thread got a new epoch
@@ -170,9 +177,10 @@ local expect_after, expect_epoch = ARGV[7], ARGV[8]
 local rebuild_limit = tonumber(ARGV[9])
 local max_bytes, max_threads = tonumber(ARGV[10]), tonumber(ARGV[11])
 local thread, prefix = ARGV[12], ARGV[13]
+local notify_bytes = tonumber(ARGV[14])
 local PRUNE_SAMPLE = 64
 local tenant = KEYS[5]
-local FIRST = 14
+local FIRST = 15
 
 local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids', 'bytes')
 local epoch, run, last, trimmed, has_ids = state[1], state[2] or '', state[3], state[4], state[5]
@@ -203,15 +211,25 @@ local function new_epoch(reason)
 end
 
 -- Whether the entry at `offset` is still stored or was removed by retention.
+-- The stream's newest entry before this append (false: none). One read that
+-- answers, in the common case, whether the entry appended last is still
+-- stored, whether anything follows an expected offset, and what the new
+-- entries follow (for the notification): each would otherwise be a read.
+local newest_stored = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+local tip = newest_stored and newest_stored[1] or false
+
 local function kept(offset)
   if trimmed and cmp(offset, trimmed) <= 0 then return true end
+  if offset == tip then return true end
   return #redis.call('XRANGE', stream, offset, offset) > 0
 end
 
 if epoch then
   if last then
     local present
-    if trimmed and cmp(last, trimmed) <= 0 then
+    if last == tip then
+      present = true
+    elseif trimmed and cmp(last, trimmed) <= 0 then
       present = redis.call('EXISTS', stream) == 1
     else
       present = #redis.call('XRANGE', stream, last, last) > 0
@@ -265,7 +283,7 @@ if expect_after ~= '' then
   -- Any entry after the expected offset was appended by someone else (by
   -- this script or a plain XADD), or by an earlier try of this very call
   -- whose reply was lost: either way the caller must read it first.
-  if #redis.call('XRANGE', stream, '(' .. expect_after, '+', 'COUNT', 1) > 0 then
+  if tip and cmp(tip, expect_after) > 0 then
     return {'conflict', status}
   end
 end
@@ -312,6 +330,22 @@ if not epoch then
   redis.call('HSET', meta, 'epoch', epoch)
 end
 
+-- The notification carries the new entries when they are small enough (the
+-- live readers then need no read), with the offset they follow: a reader
+-- whose cursor is exactly there has everything before them. Not after a new
+-- epoch or a repair: readers resync by reading.
+local carry = notify_bytes > 0 and status == ''
+local prev, carried = '0-0', {}
+if carry then
+  local incoming = 0
+  for i = 0, n - 1 do incoming = incoming + #ARGV[FIRST + i * 4 + 3] end
+  if incoming > notify_bytes then
+    carry = false
+  elseif tip then
+    prev = tip
+  end
+end
+
 local offsets, added, newest, first_new = {}, 0, nil, nil
 for i = 0, n - 1 do
   local base = FIRST + i * 4
@@ -334,16 +368,19 @@ for i = 0, n - 1 do
     first_new = first_new or offset
     added = added + 1
     total = total + #payload
+    if carry then
+      local k = #carried
+      carried[k + 1], carried[k + 2], carried[k + 3] = offset, event_id, run_id
+      carried[k + 4], carried[k + 5] = event_type, payload
+    end
   end
-end
-if newest then
-  -- What the rewind checks above compare with.
-  redis.call('HSET', meta, 'last', newest, 'ids', '1')
 end
 
 -- Retention: forget the ids of trimmed entries, remember the last trimmed offset,
 -- take their payloads off the total.
+local trimmed_now, ids_gone = trimmed, false
 local function forget(entries)
+  trimmed_now = entries[#entries][1]
   for _, entry in ipairs(entries) do
     local fields = entry[2]
     total = total - payload_size(fields)
@@ -355,7 +392,10 @@ local function forget(entries)
     end
   end
   redis.call('HSET', meta, 'trimmed', entries[#entries][1])
-  if redis.call('EXISTS', ids) == 0 then redis.call('HDEL', meta, 'ids') end
+  if redis.call('EXISTS', ids) == 0 then
+    redis.call('HDEL', meta, 'ids')
+    ids_gone = true
+  end
 end
 
 if max_len > 0 then
@@ -410,7 +450,16 @@ end
 -- Entries written with a plain XADD since the thread was counted are taken off
 -- when trimmed, never added: the total never goes below 0.
 if total < 0 then total = 0 end
-if total ~= stored_total then
+if newest then
+  -- 'last': what the rewind checks above compare with; 'ids': the ids hash
+  -- holds ids (unless this very append trimmed them all away).
+  local bytes = string.format('%d', total)
+  if ids_gone then
+    redis.call('HSET', meta, 'last', newest, 'bytes', bytes)
+  else
+    redis.call('HSET', meta, 'last', newest, 'ids', '1', 'bytes', bytes)
+  end
+elseif total ~= stored_total then
   redis.call('HSET', meta, 'bytes', string.format('%d', total))
 end
 
@@ -420,7 +469,11 @@ if ttl_ms > 0 then
   redis.call('PEXPIRE', ids, ttl_ms)
 end
 if added > 0 then
-  redis.call('PUBLISH', channel, offsets[#offsets])
+  if carry and not (trimmed_now and cmp(trimmed_now, first_new) >= 0) then
+    redis.call('PUBLISH', channel, cmsgpack.pack({1, epoch, prev, carried}))
+  else
+    redis.call('PUBLISH', channel, offsets[#offsets])
+  end
 end
 return {epoch, offsets, status}
 """
@@ -597,6 +650,15 @@ PONG_DEADLINE = 2.0
 takes the connection for dead and reconnects."""
 
 _PING_TOKEN = "agui-hub-live"
+
+_NOT_ENOUGH_DATA: Any = False
+"""What redis-py's hiredis reader returns when no whole reply is buffered."""
+with contextlib.suppress(ImportError):
+    pass
+
+_CARRIED = b"\x94\x01"
+"""How a notification that carries its entries begins: msgpack of
+``[1, epoch, offset before them, [offset, id, run, type, payload, ...]]``."""
 
 
 class _Stalled(StoreUnavailable):
@@ -884,16 +946,58 @@ class _LiveReader:
                     since,
                 )
         budget = 10_000
-        while message is not None and budget:
+        while message is not None and budget > 0:
             self._heard, self._ping_sent = now, None
             self._handle(message)
-            budget -= 1
+            budget -= 1 + await self._handle_buffered(pubsub, budget)
             message = await pubsub.get_message(timeout=0)
         if self._recheck:
             threads, self._recheck = list(self._recheck), set()
             await self._check_positions(threads)
         while self._dirty:
             await self._fetch_dirty()
+
+    async def _handle_buffered(self, pubsub: Any, budget: int) -> int:
+        """Handle the replies the connection has received and parsed already; how many.
+
+        redis-py's ``get_message`` costs several times what handling a
+        notification does, per message; one socket read brings many. So the
+        notifications already in the hiredis reader's buffer are taken from
+        it directly (anything else goes through redis-py's ``handle_message``,
+        which keeps its own bookkeeping). Without hiredis: none, and
+        ``get_message`` takes each.
+        """
+        parser = getattr(pubsub.connection, "_parser", None)
+        gets = getattr(getattr(parser, "_reader", None), "gets", None)
+        if gets is None:
+            return 0
+        handled = 0
+        while handled < budget:
+            reply = gets()
+            if isinstance(reply, Exception):
+                raise reply
+            if not isinstance(reply, list | bytes):
+                break  # no whole reply received yet (False, or redis-py's marker)
+            handled += 1
+            # (A list, or hiredis's PushNotification, a subclass of list.)
+            if len(reply) == 3 and reply[0] == b"message" and isinstance(reply, list):
+                self._notified(reply[1], reply[2])
+                continue
+            message = pubsub.handle_message(reply)
+            if inspect.isawaitable(message):  # a coroutine in newer redis-py
+                message = await message
+            if message is not None:
+                self._handle(message)
+        return handled
+
+    def _notified(self, channel: bytes, data: Any) -> None:
+        """A notification on *channel*: deliver what it carries, or read the thread."""
+        thread = self._channels.get(channel)
+        if thread is None or thread in self._dirty:
+            return
+        feed = self._feeds.get(thread)
+        if feed is not None and not self._carried(thread, feed, data):
+            self._dirty.add(thread)
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -905,7 +1009,10 @@ class _LiveReader:
         feed = self._feeds.get(thread) if thread is not None else None
         if feed is None or thread is None:
             return
-        if kind in ("message", "subscribe"):
+        if kind == "message":
+            if thread not in self._dirty and not self._carried(thread, feed, message.get("data")):
+                self._dirty.add(thread)
+        elif kind == "subscribe":
             self._dirty.add(thread)
         if kind == "subscribe" and feed.ready.is_set():
             # Subscribed again: the connection was lost and Redis may have been
@@ -915,6 +1022,41 @@ class _LiveReader:
             feed.ready.set()
             if not feed.subs:  # every subscriber left while we subscribed
                 self._drop(thread, unsubscribe=True)
+
+    def _carried(self, thread: str, feed: _Feed, data: Any) -> bool:
+        """Deliver the entries a notification carries; ``False``: read them instead.
+
+        Only when they follow the feed's cursor exactly in the feed's epoch
+        (nothing in between was missed) and the feed is not waiting for a
+        read already: otherwise, and for a plain producer's notification (an
+        offset), the thread is read after its cursor as before.
+        """
+        if not feed.ready.is_set() or type(data) is not bytes or data[:2] != _CARRIED:
+            return False
+        try:
+            _, epoch_raw, prev, flat = msgpack.unpackb(data, raw=True, use_list=True)
+            epoch = epoch_raw.decode()
+            if prev.decode() != feed.cursor or (feed.epoch is not None and epoch != feed.epoch):
+                return False
+            entries = [
+                Entry(
+                    flat[i].decode(),
+                    flat[i + 4],
+                    flat[i + 1].decode(),
+                    flat[i + 2].decode() or None,
+                    flat[i + 3].decode(),
+                )
+                for i in range(0, len(flat), 5)
+            ]
+        except (ValueError, TypeError, AttributeError, IndexError, msgpack.UnpackException):
+            return False  # not ours after all: read
+        if not entries:
+            return False
+        feed.epoch = epoch
+        feed.cursor = entries[-1].offset
+        for sub in list(feed.subs):
+            sub._on_live(entries, epoch)
+        return True
 
     async def _fetch_dirty(self) -> None:
         threads = [t for t in self._dirty if t in self._feeds]
@@ -1039,6 +1181,36 @@ def _log_failure(task: asyncio.Future[Any]) -> None:
 # -- the store ------------------------------------------------------------------------------
 
 
+def _command(*args: bytes | str | int) -> bytes:
+    """One command in RESP, the bytes Redis reads (arguments: bytes, str or int)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if type(arg) is bytes else str(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+async def _send_and_read(conn: Any, commands: bytes, count: int) -> list[Any]:
+    await conn.send_packed_command(commands, check_health=False)
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await conn.read_response())
+        except ResponseError as exc:  # an error reply: that command's answer
+            replies.append(exc)
+    return replies
+
+
+_BARE_GET = (
+    inspect.signature(aioredis.BlockingConnectionPool.get_connection)
+    .parameters["command_name"]
+    .default
+    is not inspect.Parameter.empty
+)
+"""Whether the pool's ``get_connection`` takes no command name (redis-py >= 5.3
+warns when given one; older versions need it)."""
+
+
 @dataclass(slots=True)
 class _QueuedAppend:
     thread: str
@@ -1048,6 +1220,11 @@ class _QueuedAppend:
     done: asyncio.Future[list[Offset]]
     expect: Expected | None
 
+
+NOTIFY_BYTES = 64 * 1024
+"""Default largest total of event payloads an append carries in its notification
+(``notify_bytes``): live readers then deliver them without reading them back.
+Larger appends notify with their last offset only, and readers read."""
 
 READ_PAGE = 5000
 """Entries per round trip of :meth:`RedisStore.read` and ``read_available``."""
@@ -1077,7 +1254,13 @@ class RedisStore:
         max_pending_bytes: int | None = None,
         outage_grace: float = OUTAGE_GRACE,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
+        notify_bytes: int = NOTIFY_BYTES,
     ) -> None:
+        if notify_bytes < 0:
+            raise ValueError(f"RedisStore notify_bytes must not be negative, got {notify_bytes!r}")
+        self.notify_bytes = notify_bytes
+        """Appends whose events total at most this many bytes carry them in their
+        notification (0: notifications carry only the last offset)."""
         for name, value, positive in (
             ("op_timeout", op_timeout, True),
             ("outage_grace", outage_grace, False),
@@ -1295,6 +1478,7 @@ class RedisStore:
                     r.max_tenant_threads,
                     thread,
                     self.prefix,
+                    self.notify_bytes,
                 ]
                 for member in members:
                     args += member.quads
@@ -1305,23 +1489,37 @@ class RedisStore:
                     checkpoint_key(self.prefix, thread),
                     tenant_key(self.prefix, tenant_of(thread)),
                 ]
-                calls.append((len(keys), *keys, *args))
-            if len(calls) == 1:
-                # The common case when the load is light: no pipeline to build.
-                try:
-                    replies = [await self._client.evalsha(self._append_sha, *calls[0])]
-                except NoScriptError as exc:
-                    replies = [exc]
-            else:
-                pipe = self._client.pipeline(transaction=False)
-                for call in calls:
-                    pipe.evalsha(self._append_sha, *call)
-                replies = await pipe.execute(raise_on_error=False)
+                calls.append(_command(b"EVALSHA", self._append_sha, len(keys), *keys, *args))
+            replies = await self._round_trip(b"".join(calls), len(calls))
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
                 await self._client.script_load(APPEND_SCRIPT)
                 continue
             return list(replies)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _round_trip(self, commands: bytes, count: int) -> list[Any]:
+        """Send *count* commands (RESP, see :func:`_command`) at once; their replies,
+        an error reply as its exception.
+
+        What a redis-py pipeline does, without its per-argument encoding and
+        per-command bookkeeping (most of an append's CPU in this process).
+        Connection errors are retried as redis-py retries them (appends are
+        idempotent by their event ids).
+        """
+        pool = self._client.connection_pool
+        get: Any = pool.get_connection
+        conn = await (get() if _BARE_GET else get("EVALSHA"))
+        try:
+            return await conn.retry.call_with_retry(  # type: ignore[no-any-return]
+                lambda: _send_and_read(conn, commands, count),
+                lambda _error: conn.disconnect(),
+            )
+        except BaseException:
+            # Replies may be left unread on it: never hand it back as it is.
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            await pool.release(conn)
 
     # -- reading --------------------------------------------------------------------------
 
