@@ -20,10 +20,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import __version__
@@ -38,6 +38,10 @@ from .errors import (
 )
 from .offsets import START, check_thread, offset_key
 from .protocol import Position
+from .workers import WORKER_FLAG
+
+if TYPE_CHECKING:
+    from .server import Gateway
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 URL_HELP = (
@@ -78,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         "also $AGUI_HUB_CONFIG"
     )  # fmt: skip
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    # Set by `serve --workers N` on the processes it starts (agui_hub/workers.py).
+    serve.add_argument(WORKER_FLAG, type=int, help=argparse.SUPPRESS)
 
     token = commands.add_parser(
         "token",
@@ -199,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_settings(serve: argparse.ArgumentParser) -> None:
     """One flag per gateway setting (--max-connections for max_connections), in groups."""
-    from .config import SETTING_GROUPS, setting_kinds
+    from .config import LOOPS, SETTING_GROUPS, setting_kinds
 
     kinds = setting_kinds()
     for title, settings in SETTING_GROUPS.items():
@@ -217,6 +223,8 @@ def _add_settings(serve: argparse.ArgumentParser) -> None:
                     metavar = "RATE"
                 elif name in ("store",):
                     metavar = "URL"
+                elif name == "loop":
+                    metavar = "{" + ",".join(LOOPS) + "}"
                 group.add_argument(flag, type=_setting_type(flag, kind), help=text, metavar=metavar)
 
 
@@ -233,44 +241,70 @@ def _setting_type(flag: str, kind: type) -> Callable[[str], Any]:
     return parse
 
 
-def _serve(args: argparse.Namespace) -> int:
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+WORKERS_LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
+"""With ``--workers``: the processes share stderr, so each line names its process."""
+
+
+def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .config import setting_kinds, unknown_variables
     from .errors import StoreError
     from .server import Gateway, GatewayConfig, raise_open_file_limit
+    from .workers import Supervisor, check_port_free
 
     level = args.log_level.upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         print(f"agui-hub serve: --log-level {args.log_level!r}: use DEBUG, INFO, WARNING "
               "or ERROR", file=sys.stderr)  # fmt: skip
         return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level != "DEBUG":
-        # One line per connection and health check is noise in production logs.
-        logging.getLogger("websockets").setLevel(logging.WARNING)
+    worker = args.worker_pipe is not None
     try:
         config = GatewayConfig.from_env(
             config_file=args.config,
             **{name: getattr(args, name) for name in setting_kinds()},
         )
+        config.check_processes()
+        run_loop = _event_loop(config.loop)
+    except ValueError as exc:
+        print(f"agui-hub serve: {exc}", file=sys.stderr)
+        return 1 if _missing_package(exc) else 2
+    logging.basicConfig(
+        level=level, format=LOG_FORMAT if config.workers == 1 else WORKERS_LOG_FORMAT
+    )
+    if level != "DEBUG":
+        # One line per connection and health check is noise in production logs.
+        logging.getLogger("websockets").setLevel(logging.WARNING)
+    log = logging.getLogger("agui_hub.server")
+    if not worker:  # the parent said it already
         for name in unknown_variables():
-            logging.getLogger("agui_hub.server").warning(
-                "%s is not a setting of agui-hub serve: ignored (see serve --help)", name
-            )
+            log.warning("%s is not a setting of agui-hub serve: ignored (see serve --help)", name)
+    if config.workers > 1 and not worker:
+        try:
+            # Settings that cannot work are said once, here, rather than by every worker.
+            Gateway(config)
+            check_port_free(config.host, config.port)
+        except ValueError as exc:
+            print(f"agui-hub serve: {exc}", file=sys.stderr)
+            return 1 if _missing_package(exc) else 2
+        except OSError as exc:
+            print(f"agui-hub serve: cannot listen on {config.host}:{config.port}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        log.info("agui-hub starting %d workers on %s:%d (SO_REUSEPORT), event loop %s",
+                 config.workers, config.host, config.port, config.loop)  # fmt: skip
+        return Supervisor([sys.executable, "-m", "agui_hub.cli", *argv], config.workers).run()
+    try:
         before, after = raise_open_file_limit()
         if after != before:
-            logging.getLogger("agui_hub.server").info(
-                "open-file limit raised from %d to %d (the hard limit)", before, after
-            )
+            log.info("open-file limit raised from %d to %d (the hard limit)", before, after)
         else:
-            logging.getLogger("agui_hub.server").info(
-                "open-file limit %d (soft and hard limits alike)", after
-            )
+            log.info("open-file limit %d (soft and hard limits alike)", after)
         gateway = Gateway(config)
     except ValueError as exc:
         print(f"agui-hub serve: {exc}", file=sys.stderr)
         return 1 if _missing_package(exc) else 2
     try:
-        asyncio.run(gateway.run())
+        run_loop(_run_gateway(gateway, args.worker_pipe))
     except ValueError as exc:
         print(f"agui-hub serve: {exc}", file=sys.stderr)
         return 2
@@ -282,6 +316,62 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _event_loop(name: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """What runs the gateway's coroutine on the event loop *name* (``loop`` setting)."""
+    if name != "uvloop":
+        return asyncio.run
+    try:
+        import uvloop
+    except ImportError as exc:
+        if exc.name != "uvloop":
+            raise
+    else:
+        return uvloop.run
+    # Raised outside the except block: no ImportError context, so a usage error
+    # (exit 2) rather than a broken installation (see _missing_package).
+    raise ValueError(
+        "loop uvloop needs the uvloop package, which is not installed: "
+        "pip install 'agui-hub[speed]'"
+    )
+
+
+def _describe_loop(loop: asyncio.AbstractEventLoop) -> str:
+    if type(loop).__module__.partition(".")[0] == "uvloop":
+        from importlib.metadata import version
+
+        return f"uvloop {version('uvloop')}"
+    return f"asyncio ({type(loop).__name__})"
+
+
+async def _run_gateway(gateway: Gateway, worker_pipe: int | None) -> None:
+    """Run *gateway* until SIGTERM / SIGINT; a worker also until its parent is gone."""
+    loop = asyncio.get_running_loop()
+    log = logging.getLogger("agui_hub.server")
+    log.info("event loop: %s", _describe_loop(loop))
+    stop = asyncio.Event()
+    if worker_pipe is not None:
+        import signal
+
+        from .workers import FORWARDED
+
+        # The parent started this process with these signals blocked: they are
+        # let through once something handles them (Gateway.run then installs
+        # the same handlers again).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, gateway.check_revocations)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+
+        def parent_gone() -> None:
+            loop.remove_reader(worker_pipe)
+            log.warning("the parent process of this worker is gone: draining")
+            stop.set()
+
+        # Readable only at end of file: the parent never writes.
+        loop.add_reader(worker_pipe, parent_gone)
+    await gateway.run(stop)
 
 
 def _missing_package(exc: BaseException) -> bool:
@@ -1118,7 +1208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args, sys.argv[1:] if argv is None else list(argv))
     if args.command == "token":
         return _token(args)
     commands: dict[str, Callable[[argparse.Namespace], Any]] = {

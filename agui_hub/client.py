@@ -644,6 +644,86 @@ class _Backoff:
         self.attempt = 0
 
 
+@dataclass(slots=True, eq=False)
+class _Outgoing:
+    """One publish of a :class:`_PublishLane` that is not answered yet."""
+
+    sent_on: object | None = None
+    """The connection it was last sent on, while its reply is awaited there."""
+    turn: asyncio.Future[None] | None = None
+    """Pending while it waits for the publishes before it to be sent."""
+
+
+class _PublishLane:
+    """The unanswered publishes to one thread, in call order, and whose turn it is.
+
+    A publish is sent (and sent again, after a reconnect, a ``rate_limited``
+    or a ``store_unavailable``) only once every publish before it is sent on
+    the same connection: so the gateway receives them in call order, and a
+    drop never lets a later publish overtake an earlier one that must go
+    again. (A connection is any object compared by identity: the
+    :class:`~agui_hub.publisher.Publisher` uses its writer.)
+    """
+
+    __slots__ = ("entries", "next", "ws")
+
+    def __init__(self) -> None:
+        self.entries: deque[_Outgoing] = deque()
+        self.ws: object | None = None
+        """The connection :attr:`next` counts for."""
+        self.next = 0
+        """Entries before this index are sent on :attr:`ws` and await their replies."""
+
+    def may_send(self, entry: _Outgoing, ws: object) -> bool:
+        if self.ws is not ws:  # a new connection: everything goes again
+            self.ws, self.next = ws, 0
+            self._advance()
+        return self.next < len(self.entries) and self.entries[self.next] is entry
+
+    async def wait_turn(self, entry: _Outgoing, timeout: float | None) -> None:
+        """Wait until *entry* may be next (check :meth:`may_send` again); TimeoutError."""
+        entry.turn = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(entry.turn, timeout)
+        finally:
+            entry.turn = None
+
+    def sent(self, entry: _Outgoing, ws: object) -> None:
+        entry.sent_on = ws
+        self._advance()
+
+    def again(self, entry: _Outgoing) -> None:
+        """*entry* must be sent again (on this connection or the next)."""
+        if entry.sent_on is not None and entry.sent_on is self.ws:
+            # Not sent after all: the ones behind it wait for it again.
+            self.next = min(self.next, self.entries.index(entry))
+        entry.sent_on = None
+
+    def lost(self, ws: object) -> None:
+        """*ws* closed: nothing sent on it counts (found once, not per publish)."""
+        if self.ws is ws:
+            self.ws, self.next = None, 0
+
+    def remove(self, entry: _Outgoing) -> None:
+        index = self.entries.index(entry)  # answered in order: mostly the first
+        del self.entries[index]
+        if index < self.next:
+            self.next -= 1
+        self._wake()
+
+    def _advance(self) -> None:
+        entries, ws = self.entries, self.ws
+        while ws is not None and self.next < len(entries) and entries[self.next].sent_on is ws:
+            self.next += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.next < len(self.entries):
+            turn = self.entries[self.next].turn
+            if turn is not None and not turn.done():
+                turn.set_result(None)
+
+
 class HubClient:
     """One connection to a gateway, shared by subscriptions and publishes.
 
@@ -746,6 +826,8 @@ class HubClient:
         self._task: asyncio.Task[None] | None = None
         self._subs: dict[str, Subscription] = {}
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._publishing: dict[str, _PublishLane] = {}
+        """Per thread, its unanswered publishes (sent in call order)."""
         self._ids = itertools.count(1)
         self._event_ids = itertools.count(1)
         self._id_prefix = secrets.token_hex(8)
@@ -864,6 +946,21 @@ class HubClient:
         :class:`~agui_hub.errors.InvalidEvent`. Gives up after *timeout* seconds
         (default: the client's *give_up_after*) with
         :class:`~agui_hub.errors.HubUnreachable`.
+
+        Publishes may be pipelined: calls about one thread that run
+        concurrently (tasks, ``asyncio.gather``) are sent without waiting for
+        each other's replies, in the order the calls were made (the order
+        their coroutines start), and the gateway stores and answers them in
+        that order. Those not answered when the connection drops are sent
+        again after the reconnect, with the same event ids, in the same
+        order and before any later one: a drop never reorders a thread's
+        events. A publish the gateway refuses raises in its own call; the
+        ones after it are judged as if it had never been sent. One caveat: a
+        publish answered ``rate_limited`` or ``store_unavailable`` is sent
+        again before the later ones not sent yet, but later ones already
+        sent may be stored before it (or refused, when they continue it);
+        await each publish (or send one batch) where even that must not
+        happen.
         """
         check_thread(thread)
         return await self._publish(validate_batch(events), thread,
@@ -890,25 +987,94 @@ class HubClient:
         size = len(encode({**command, "id": _LONGEST_ID}, self.encoding))
         if size > self.max_frame_bytes:
             raise PayloadTooLarge(size, self.max_frame_bytes)
+        loop = asyncio.get_running_loop()
         limit = timeout if timeout is not None else self.give_up_after
-        deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+        deadline = None if limit is None else loop.time() + limit
         backoff = _Backoff(self.backoff_min, self.backoff_max)
-        while True:
-            try:
-                reply = await self._request(command, deadline)
-            except (_ConnectionLost, StoreUnavailable) as exc:
-                # The batch may or may not be stored: the same ids make the retry safe.
-                delay = backoff.next_delay()
-                if deadline is not None and asyncio.get_running_loop().time() + delay > deadline:
-                    if isinstance(exc, StoreUnavailable):
+        # In line before the first await: calls made in this order are sent in it.
+        lane = self._publishing.get(thread)
+        if lane is None:
+            lane = self._publishing[thread] = _PublishLane()
+        entry = _Outgoing()
+        lane.entries.append(entry)
+        try:
+            while True:
+                try:
+                    reply = await self._publish_once(lane, entry, command, deadline)
+                except (_ConnectionLost, StoreUnavailable) as exc:
+                    # The batch may or may not be stored: the same ids make the retry safe.
+                    delay = backoff.next_delay()
+                    if deadline is not None and loop.time() + delay > deadline:
+                        if isinstance(exc, StoreUnavailable):
+                            raise
+                        raise HubUnreachable(f"publish to {self.url} gave up: {exc}") from None
+                    await asyncio.sleep(delay)
+                    continue
+                except RateLimited as exc:
+                    # Nothing of it was carried out: the same command (the same event
+                    # ids) again is safe. The jitter spreads the clients it paused.
+                    wait = max(exc.retry_after, 0.01)
+                    delay = wait + random.uniform(0, 0.05 + 0.2 * wait)
+                    if deadline is not None and loop.time() + delay > deadline:
                         raise
-                    raise HubUnreachable(f"publish to {self.url} gave up: {exc}") from None
-                await asyncio.sleep(delay)
-                continue
-            offsets = reply.get("offsets")
-            if not isinstance(offsets, list) or len(offsets) != len(wires):
-                raise ClientError(f"the gateway answered a publish with {reply!r}")
-            return offsets
+                    await asyncio.sleep(delay)
+                    continue
+                offsets = reply.get("offsets")
+                if not isinstance(offsets, list) or len(offsets) != len(wires):
+                    raise ClientError(f"the gateway answered a publish with {reply!r}")
+                return offsets
+        finally:
+            lane.remove(entry)
+            if not lane.entries and self._publishing.get(thread) is lane:
+                del self._publishing[thread]
+
+    async def _publish_once(
+        self,
+        lane: _PublishLane,
+        entry: _Outgoing,
+        command: dict[str, Any],
+        deadline: float | None,
+    ) -> dict[str, Any]:
+        """Send a publish once the ones before it in *lane* are sent; await its reply."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_connected(deadline)
+            ws = self._ws
+            assert ws is not None
+            if lane.may_send(entry, ws):
+                break
+            try:
+                await lane.wait_turn(entry, None if deadline is None else deadline - loop.time())
+            except TimeoutError:
+                raise HubUnreachable(
+                    f"publish to {self.url} gave up: the publishes before it to the same "
+                    "thread were not sent in time"
+                ) from None
+        command_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[command_id] = future
+        # Marked before the send: the next publish in the lane may send as soon
+        # as this one yields, and by then this frame is in the socket's buffer.
+        lane.sent(entry, ws)
+        try:
+            try:
+                await self._send(ws, {**command, "id": command_id})
+            except ConnectionClosed:
+                raise _ConnectionLost("connection closed while sending") from None
+            remaining = None if deadline is None else deadline - loop.time()
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), remaining)
+            except TimeoutError:
+                raise HubUnreachable(f"no reply from {self.url} in time") from None
+        except _ConnectionLost:
+            lane.lost(ws)
+            lane.again(entry)
+            raise
+        except (RateLimited, StoreUnavailable):
+            lane.again(entry)
+            raise
+        finally:
+            self._pending.pop(command_id, None)
 
     async def ping(self, *, timeout: float | None = None) -> float:
         """Round trip of a protocol ping, in seconds."""

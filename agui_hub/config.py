@@ -11,12 +11,14 @@ import contextlib
 import ipaddress
 import math
 import os
+import socket
 import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, JWTSettings
 from .codec import DEFAULT_MAX_SIZE
@@ -28,6 +30,11 @@ __all__ = [
     "raise_open_file_limit",
     "split_list",
 ]
+
+LOOPS = ("asyncio", "uvloop")
+"""The event loops ``agui-hub serve`` can run on (the ``loop`` setting)."""
+SHARED_STORES = frozenset({"redis", "rediss"})
+"""Store schemes that several gateway processes can share (``workers`` > 1)."""
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -71,6 +78,13 @@ class GatewayConfig:
     """Deepest nesting of a thread's state document."""
     require_durable_store: bool = False
     """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
+    loop: str = "asyncio"
+    """Event loop of ``agui-hub serve``: ``asyncio``, or ``uvloop`` (``pip install
+    'agui-hub[speed]'``; see docs/gateway.md, "Processes and event loops")."""
+    workers: int = 1
+    """Gateway processes ``agui-hub serve`` runs on the port (SO_REUSEPORT); more than
+    one needs a shared store (``redis://``). Limits such as ``max_connections`` apply
+    to each process (see docs/gateway.md, "Processes and event loops")."""
 
     # Authentication (docs/security.md) ----------------------------------------------------
     jwt_secret: str = field(default="", repr=False)
@@ -137,6 +151,7 @@ class GatewayConfig:
             "state_max_depth",
             "max_connections",
             "max_connections_per_address",
+            "workers",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -158,6 +173,35 @@ class GatewayConfig:
             raise ValueError("jwt_leeway must be a non-negative number of seconds")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both tls_cert and tls_key")
+
+    def check_processes(self) -> None:
+        """Raise :class:`ValueError` if ``loop`` or ``workers`` cannot be served.
+
+        Not part of :meth:`check`: only ``agui-hub serve`` picks the event loop
+        and starts processes; a :class:`~agui_hub.server.Gateway` run in a
+        program's own loop uses neither setting.
+        """
+        if self.loop not in LOOPS:
+            raise ValueError(f"loop {self.loop!r} is not an event loop: use {' or '.join(LOOPS)}")
+        if self.workers == 1:
+            return
+        scheme = urlsplit(self.store).scheme.lower() if self.store else "memory"
+        if scheme not in SHARED_STORES:
+            raise ValueError(
+                f"workers {self.workers} needs a shared store (redis:// or rediss://): on the "
+                f"{scheme}:// store each process would keep events of its own, and viewers "
+                "connected to one would not see what is published through another"
+            )
+        if self.port == 0:
+            raise ValueError(
+                f"workers {self.workers} needs a fixed port: with port 0 each process would "
+                "listen on a port of its own"
+            )
+        if not hasattr(socket, "SO_REUSEPORT"):
+            raise ValueError(
+                f"workers {self.workers} needs SO_REUSEPORT, which this platform lacks: run "
+                "one gateway per port instead"
+            )
 
     @property
     def jwt_configured(self) -> bool:
@@ -397,6 +441,11 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "tls_cert": "PEM certificate chain: serve wss:// (with --tls-key; default: none, "
         "plain ws://)",
         "tls_key": "PEM private key of --tls-cert (default: none)",
+        "loop": "event loop: asyncio, or uvloop (needs pip install 'agui-hub[speed]'; "
+        "default asyncio)",
+        "workers": "gateway processes sharing the port (SO_REUSEPORT), to use more cores; "
+        "more than 1 needs a redis:// store, and the limits below apply to each process "
+        "(default 1)",
     },
     "authentication (docs/security.md)": {
         "jwt_secret": "HS256 secret, 32+ bytes (prefer --jwt-secret-file: flags are visible "
@@ -427,8 +476,14 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "max_connections": "WebSocket connections per process (default 10000; lowered to "
         "fit the open-file limit)",
         "max_connections_per_address": "connections per client address (default 1000)",
-        "max_commands_per_second": "commands per connection per second (default 1000)",
-        "max_events_per_second": "published events per connection per second (default 20000)",
+        "max_commands_per_second": (
+            "commands other than publishes per connection per second; a connection over it "
+            "is paced (default 1000)"
+        ),
+        "max_events_per_second": (
+            "published events per connection per second (a publish counts as its events); "
+            "a connection over it is paced (default 20000)"
+        ),
         "max_subscriptions": "threads per connection (default 1000)",
         "max_frame_bytes": "largest client frame (default 1 MiB)",
         "max_event_bytes": "largest published event (default 1 MiB)",

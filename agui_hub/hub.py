@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -95,6 +96,58 @@ RESET_WAITS = 50
 """Waits for a reset the channel never sees before the member is told to resume."""
 LOGGED_SKIPS = 5
 """Entries per channel whose skip is logged as a warning (later ones at debug level)."""
+RECENT_ENTRIES = 1024
+"""Most of its latest entries a channel keeps in memory, for members that join
+from an offset or catch up (a resume storm reads no store)."""
+RECENT_BYTES = 512 * 1024
+"""About the most bytes of entries a channel keeps in memory for them."""
+DEFAULT_RECENT_BUDGET = 64 * 1024 * 1024
+"""About the most bytes of recent entries all channels of a hub keep together."""
+ENTRY_OVERHEAD = 128
+"""Bytes an entry held in memory costs beyond its event data (tuple, strings)."""
+
+
+class _Recent:
+    """A channel's latest entries, contiguous: every entry after :attr:`start`
+    up to the channel's cursor, oldest first (a deque that can be bisected)."""
+
+    __slots__ = ("entries", "head", "keys", "size", "start", "start_key")
+
+    def __init__(self, start: Offset) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.entries: list[Entry] = []
+        self.head = 0
+        """Index of the oldest entry kept (those before it are dropped)."""
+        self.size = 0
+        self.start = start
+        """The offset right before the oldest entry kept (the cursor when empty)."""
+        self.start_key = offset_key(start)
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.head
+
+    def add(self, key: tuple[int, int], entry: Entry, size: int) -> None:
+        self.keys.append(key)
+        self.entries.append(entry)
+        self.size += size
+
+    def drop_oldest(self) -> int:
+        """Forget the oldest entry; the bytes it was counted for."""
+        entry = self.entries[self.head]
+        self.start, self.start_key = entry.offset, self.keys[self.head]
+        self.head += 1
+        if self.head > 64 and self.head * 2 > len(self.keys):
+            del self.keys[: self.head], self.entries[: self.head]
+            self.head = 0
+        size = len(entry.data) + ENTRY_OVERHEAD
+        self.size -= size
+        return size
+
+    def after(self, key: tuple[int, int]) -> list[Entry] | None:
+        """Every entry after *key* up to the cursor, or ``None`` when some are not kept."""
+        if key < self.start_key:
+            return None
+        return self.entries[bisect_right(self.keys, key, self.head) :]
 
 
 class Subscriber(Protocol):
@@ -177,6 +230,15 @@ class ThreadChannel:
         self._snapshots_at: tuple[Any, ...] | None = None
         self.entry_size = 1024
         """A running average of the thread's entry size (sizes history pages)."""
+        self._recent = _Recent(START)
+        """The latest entries, counted in the hub's ``recent_bytes``."""
+        retention = getattr(hub.store, "retention", None)
+        self._recent_entries = min(
+            RECENT_ENTRIES, getattr(retention, "max_len", 0) or RECENT_ENTRIES
+        )
+        self._recent_bytes = min(RECENT_BYTES, getattr(retention, "max_bytes", 0) or RECENT_BYTES)
+        """Never more than the store keeps: a resume from a trimmed offset gets
+        the same answer (a snapshot) whether memory or the store serves it."""
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -209,7 +271,7 @@ class ThreadChannel:
         """
         store = self.hub.store
         for _attempt in range(LOAD_ATTEMPTS):
-            state, epoch, cursor, complete = await self._fold_stored()
+            state, epoch, cursor, complete, recent = await self._fold_stored()
             feed = store.subscribe(self.thread, after=cursor)
             try:
                 await feed.open()
@@ -220,6 +282,10 @@ class ThreadChannel:
                 await feed.close()  # re-created or deleted while we read: read it again
                 continue
             self.state, self.epoch, self.cursor, self.complete = state, epoch, cursor, complete
+            self._forget_recent()
+            self._recent = recent
+            self.hub.recent_bytes += recent.size
+            self._trim_recent()
             self.generation += 1
             self._since_checkpoint = 0
             self._bytes_since_checkpoint = 0
@@ -229,12 +295,14 @@ class ThreadChannel:
             f"thread {self.thread!r} was re-created {LOAD_ATTEMPTS} times while being read"
         )
 
-    async def _fold_stored(self) -> tuple[ThreadState, str | None, Offset, bool]:
-        """(state, epoch, cursor, complete) of the thread as stored now.
+    async def _fold_stored(self) -> tuple[ThreadState, str | None, Offset, bool, _Recent]:
+        """(state, epoch, cursor, complete, latest entries) of the thread as stored now.
 
         From the thread's checkpoint when it has one of the same epoch, then
         page by page; every page carries the epoch it was read in, so a thread
-        re-created between two pages is read again rather than mixed.
+        re-created between two pages is read again rather than mixed. The
+        last entries read are kept (within the channel's bounds): viewers that
+        resume right after a restart are served from them.
         """
         store = self.hub.store
         checkpoint = await store.get_checkpoint(self.thread)
@@ -248,6 +316,7 @@ class ThreadChannel:
                     state, checkpoint = ThreadState(limits=self.hub.limits), None
             epoch: str | None = None
             first, restart, folded = True, False, 0
+            recent = _Recent(after)
             while True:
                 page = await store.read_available(self.thread, after=after, limit=LOAD_PAGE)
                 if first:
@@ -260,10 +329,15 @@ class ThreadChannel:
                     break
                 if page.gap:
                     complete = False  # trimmed before it could be folded
+                    if page.trimmed is not None:
+                        recent = _Recent(page.trimmed)  # what follows is contiguous
                 for entry in page.entries:
                     self.entry_size += (len(entry.data) - self.entry_size) // 16
                     if not self._fold_into(state, entry):
                         complete = False
+                    recent.add(offset_key(entry.offset), entry, len(entry.data) + ENTRY_OVERHEAD)
+                    while len(recent) > self._recent_entries or recent.size > self._recent_bytes:
+                        recent.drop_oldest()
                     folded += 1
                     if folded % LOAD_PAGE == 0:
                         await asyncio.sleep(0)  # a long fold lets everything else run
@@ -274,7 +348,7 @@ class ThreadChannel:
                 if len(page.entries) < LOAD_PAGE:
                     break
             if not restart:
-                return state, epoch, after, complete
+                return state, epoch, after, complete, recent
         raise StoreUnavailable(
             f"thread {self.thread!r} was re-created {LOAD_ATTEMPTS} times while being read"
         )
@@ -407,6 +481,7 @@ class ThreadChannel:
 
     async def close(self) -> None:
         self.closed = True
+        self._forget_recent()
         if self._checkpointing is not None and not self._checkpointing.done():
             self._checkpoint_due = False  # the one in flight finishes; no more
         for member in self.members.values():
@@ -418,9 +493,24 @@ class ThreadChannel:
         if self._feed is not None:
             await self._feed.close()
 
+    def _trim_recent(self) -> None:
+        """Keep the latest entries within the channel's bounds and the hub's budget."""
+        recent, hub = self._recent, self.hub
+        while len(recent) and (
+            len(recent) > self._recent_entries
+            or recent.size > self._recent_bytes
+            or hub.recent_bytes > hub.recent_budget
+        ):
+            hub.recent_bytes -= recent.drop_oldest()
+
+    def _forget_recent(self) -> None:
+        self.hub.recent_bytes -= self._recent.size
+        self._recent = _Recent(self.cursor)
+
     def _fail(self, code: CloseCode, reason: str) -> None:
         """Close every member with *code* and forget this channel."""
         self.closed = True
+        self._forget_recent()
         for sub, member in list(self.members.items()):
             self._stop_catching_up(member, cancel=True)
             sub.close_soon(code, reason)
@@ -485,15 +575,29 @@ class ThreadChannel:
             self.complete = False
         elif not self._fold_into(self.state, entry, event):
             self.complete = False
-        self.cursor = entry.offset
-        self.entry_size += (len(entry.data) - self.entry_size) // 16
-        self._maybe_checkpoint(len(entry.data))
-        key = offset_key(entry.offset)
+        offset = entry.offset
+        key = offset_key(offset)
+        self.cursor = offset
+        size = len(entry.data)
+        self._recent.add(key, entry, size + ENTRY_OVERHEAD)
+        self.hub.recent_bytes += size + ENTRY_OVERHEAD
+        self._trim_recent()
+        self.entry_size += (size - self.entry_size) // 16
+        self._maybe_checkpoint(size)
+        run_id = entry.run_id
+        live = Phase.LIVE
+        # _send_entry and _frame, inlined: this loop runs once per event and
+        # member, and now that a send only queues (the gateway flushes once
+        # per turn), the calls around it were a good part of its cost.
         for sub, member in list(self.members.items()):
-            if member.phase is not Phase.LIVE or key <= member.last:
+            if member.phase is not live or key <= member.last:
                 continue
-            member.last, member.last_offset = key, entry.offset
-            if not self._send_entry(sub, member, entry, frames):
+            member.last, member.last_offset = key, offset
+            if member.run is not None and member.run != run_id:
+                continue
+            encoding = sub.encoding
+            frame = frames[encoding] if encoding in frames else self._frame(entry, encoding, frames)
+            if frame is not None and not sub.send(frame):
                 # Its queue is full: it catches up from the store at its own
                 # pace instead of being closed (nothing is buffered here).
                 self._catch_up(sub, member)
@@ -640,6 +744,14 @@ class ThreadChannel:
         member = _Member(Phase.JOINING, offset_key(after), after, run)
         self.members[sub] = member
         joined_at = self.cursor
+        recent = self._recent.after(member.last)
+        if recent is not None:
+            # Everything it lacks is in memory: no read, no await, no reset to mind.
+            member.phase = Phase.CATCHING_UP
+            self._send(sub, subscribed_frame(command_id, self.thread, self.epoch, joined_at, True))
+            if self._replay(sub, member, recent):
+                self._catch_up(sub, member)
+            return True
         try:
             page = await self.hub.store.read_available(
                 self.thread, after=after, limit=self._page_limit(FIRST_PAGE)
@@ -735,6 +847,11 @@ class ThreadChannel:
                     member.waiting = False
                 if not self._current(sub, member, generation):
                     return
+                recent = self._recent.after(member.last)
+                if recent is not None:
+                    if not self._replay(sub, member, recent):
+                        return
+                    continue
                 page = await self.hub.store.read_available(
                     self.thread, after=member.last_offset, limit=limit
                 )
@@ -821,12 +938,17 @@ class Hub:
         *,
         limits: StateLimits | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        recent_budget: int = DEFAULT_RECENT_BUDGET,
     ) -> None:
         self.store = store
         self.limits = limits or StateLimits()
         self.channels: dict[str, ThreadChannel] = {}
         self.writer = ThreadWriter(store, limits=self.limits, max_event_bytes=max_event_bytes)
         self._closing: set[asyncio.Future[None]] = set()
+        self.recent_budget = recent_budget
+        """Bytes of latest entries the channels may keep in memory together."""
+        self.recent_bytes = 0
+        """Bytes of latest entries the channels keep now."""
 
     async def subscribe(
         self, sub: Subscriber, thread: str, command_id: Any, start: Start, run: str | None
@@ -885,6 +1007,7 @@ class Hub:
             "channels": len(self.channels),
             "members": len(members),
             "catching_up": sum(m.phase is Phase.CATCHING_UP for m in members),
+            "recent_bytes": self.recent_bytes,
         }
 
     async def close(self) -> None:

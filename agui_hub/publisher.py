@@ -26,6 +26,15 @@ nothing stored). Every event gets an id (yours, or one the publisher makes
 up), so a retry after a lost reply never stores an event twice: the publisher
 retries by itself while the store or gateway is unreachable, for up to
 *retry_for* seconds.
+
+Publishes may be pipelined: calls about one thread that run concurrently
+(tasks, ``asyncio.gather``) are stored in the order the calls were made, the
+next one not waiting for the reply to the one before. Through a gateway they
+share one connection (:meth:`HubClient.publish <agui_hub.client.HubClient.publish>`
+has the details: what a reconnect, a refusal or a ``rate_limited`` answer
+does to the order); into a store, a call retried after a store failure is
+retried before the calls behind it. Connect first (``async with``) so that
+the calls made while the connection opens are not overtaken by later ones.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from .client import HubClient, TokenProvider
+from .client import HubClient, TokenProvider, _Outgoing, _PublishLane
 from .codec import Encoding
 from .errors import HubUnreachable, ProtocolError, StoreUnavailable
 from .events import validate_batch
@@ -63,6 +72,9 @@ class Publisher:
     the publisher as for :class:`~agui_hub.client.HubClient`: a JWT, or a
     callable that returns one (sync or async), asked again to renew the
     credentials before they expire and for each reconnection.
+
+    Concurrent calls about one thread keep their call order (pipelining: see
+    the module docstring).
     """
 
     def __init__(
@@ -86,6 +98,10 @@ class Publisher:
         self._token = token  # a credential: private, never in a message
         self._encoding = Encoding(encoding)
         self._client: HubClient | None = None
+        self._connecting: asyncio.Future[None] | None = None
+        """While a connection is being opened: what every publish waits for."""
+        self._lanes: dict[str, _PublishLane] = {}
+        """Per thread, the calls under way on a store URL (retried in call order)."""
         self._store: ThreadStore | None = None
         self._writer: ThreadWriter | None = None
         if not self.via_gateway:
@@ -112,6 +128,19 @@ class Publisher:
         """
         if not self.via_gateway or self._client is not None:
             return
+        # One connection for all: concurrent first publishes share it, and
+        # go on in the order they were called (the futures' callback order).
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.add_done_callback(self._connect_done)
+        await asyncio.shield(self._connecting)
+
+    def _connect_done(self, task: asyncio.Future[None]) -> None:
+        self._connecting = None
+        if not task.cancelled():
+            task.exception()  # raised to whoever waited; nobody else must be warned
+
+    async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_for
         delay = 0.05
@@ -197,16 +226,40 @@ class Publisher:
                 await self.connect()
             assert self._client is not None
             return await self._client._publish(wires, thread, ids, self.retry_for)
-        assert self._writer is not None
+        writer = self._writer
+        assert writer is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_for
         delay = 0.05
-        while True:
-            try:
-                return await self._writer.publish(thread, wires, ids)
-            except StoreUnavailable:
-                # The batch may or may not be stored: the same ids make the retry safe.
-                if loop.time() + delay > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        # The writer judges calls in the order they reach it; a retry after a
+        # store failure waits for the calls before it to be retried first, so
+        # that concurrent publishes to a thread keep their order.
+        lane = self._lanes.get(thread)
+        if lane is None:
+            lane = self._lanes[thread] = _PublishLane()
+        entry = _Outgoing()
+        lane.entries.append(entry)
+        try:
+            while True:
+                while not lane.may_send(entry, writer):
+                    try:
+                        await lane.wait_turn(entry, max(0.0, deadline - loop.time()))
+                    except TimeoutError:
+                        raise StoreUnavailable(
+                            f"publish to thread {thread!r} gave up: the publishes before it "
+                            f"could not be stored within {self.retry_for:g} s"
+                        ) from None
+                lane.sent(entry, writer)
+                try:
+                    return await writer.publish(thread, wires, ids)
+                except StoreUnavailable:
+                    # The batch may or may not be stored: the same ids make the retry safe.
+                    lane.again(entry)
+                    if loop.time() + delay > deadline:
+                        raise
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            lane.remove(entry)
+            if not lane.entries and self._lanes.get(thread) is lane:
+                del self._lanes[thread]

@@ -1313,6 +1313,8 @@ class RedisStore:
         self._queued: list[_QueuedAppend] = []
         self._committer: asyncio.Task[None] | None = None
         self._reader = _LiveReader(self)
+        self._reads: dict[tuple[str, Offset, int], asyncio.Future[_Page]] = {}
+        """Page reads in flight, shared by the callers that ask for the same one."""
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r}, prefix={self.prefix!r})"
@@ -1571,6 +1573,28 @@ class RedisStore:
             )
         return pages
 
+    async def _shared_page(self, thread: str, after: Offset, limit: int) -> _Page:
+        """:meth:`_read_page`, one read for all who ask for the same page at once.
+
+        Viewers that resume together (a gateway restart, a network blip) ask
+        for the same pages of the same thread: one round trip and one parse
+        serve them all. A caller that gives up does not cancel the read for
+        the others; a failure reaches them all.
+        """
+        key = (thread, after, limit)
+        read = self._reads.get(key)
+        if read is None:
+            read = asyncio.ensure_future(self._read_page(thread, after, limit))
+            self._reads[key] = read
+            read.add_done_callback(lambda done: self._forget_read(key, done))
+        return await asyncio.shield(read)
+
+    def _forget_read(self, key: tuple[str, Offset, int], read: asyncio.Future[_Page]) -> None:
+        if self._reads.get(key) is read:
+            del self._reads[key]
+        if not read.cancelled():
+            read.exception()  # retrieved: whoever awaited it got it
+
     async def _read_page(self, thread: str, after: Offset, limit: int | None) -> _Page:
         (page,) = await self._read_pages([(thread, after)], limit)
         if isinstance(page, StoreError):
@@ -1620,8 +1644,8 @@ class RedisStore:
         check_thread(thread)
         offset_key(after)
         if limit is not None:
-            page = await self._read_page(thread, after, limit)
-            return Available(page.epoch, page.trimmed, page.entries, page.expired(after))
+            page = await self._shared_page(thread, _normal(after), limit)
+            return Available(page.epoch, page.trimmed, list(page.entries), page.expired(after))
         for attempt in range(READ_TRIES):
             # The last try reads everything in one MULTI: consistent whatever
             # the producers do meanwhile, at the price of one large reply.

@@ -2,9 +2,10 @@
 
 A thin I/O layer over :mod:`agui_hub.protocol` (what frames mean) and
 :mod:`agui_hub.hub` (who gets which event), on the ``websockets`` asyncio
-server. Per connection: one task reads and handles commands in order, one
-task writes the bounded send queue to the socket. Plain HTTP on the same port
-answers ``/healthz`` and ``/readyz``.
+server. Per connection: one task reads and handles commands in order; the
+bounded send queue is written to the socket at the end of each turn of the
+event loop, or by the connection's writer task while the socket is full.
+Plain HTTP on the same port answers ``/healthz`` and ``/readyz``.
 
 Every connection has an :class:`~agui_hub.auth.Identity` (from its
 handshake's token, an ``auth`` command, or anonymous access where that is
@@ -32,10 +33,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from websockets.asyncio import connection as ws_connection
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import MultipleValuesError
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from .auth import (
     Action,
@@ -119,6 +122,18 @@ between the two is answered ``payload_too_large``, a larger frame closes 1009.""
 
 _BATCHED_WRITES = hasattr(ServerConnection, "send_context")
 
+_SENDING_FRAGMENTS = next(
+    (
+        name
+        for name in ("send_in_progress", "fragmented_send_waiter")
+        if name in ws_connection.Connection.__init__.__code__.co_names
+    ),
+    None,
+)
+"""The websockets connection's attribute that is set while it sends a fragmented
+message (websockets 14 and later versions name it differently); ``None``:
+unknown, and :meth:`Connection.flush` leaves every write to the writer."""
+
 
 async def write_messages(ws: ServerConnection, frames: list[bytes | str]) -> None:
     """Send each of *frames* as one message (bytes: binary, str: text), then drain once.
@@ -164,9 +179,11 @@ class Connection:
 
     Commands run concurrently, each in a task of its own, in order per thread:
     a command about a thread starts when the previous command about the same
-    thread is done, so publishes to one thread are stored in the order sent,
-    and a ``ping`` (or a command about another thread) is never stuck behind
-    a slow publish.
+    thread is done (a publish behind a publish: once that one is in the
+    writer's queue, so that the writer can store them together; its reply
+    still comes after the previous one), so publishes to one thread are
+    stored and answered in the order sent, and a ``ping`` (or a command about
+    another thread) is never stuck behind a slow publish.
     """
 
     # Slots, and futures made only while somebody waits: an idle connection
@@ -227,8 +244,10 @@ class Connection:
         """Pending while somebody waits for the queue to fall to half."""
         self._tasks: set[asyncio.Task[None]] | None = None
         """Commands under way (made on the first command that awaits)."""
-        self._lanes: dict[str, asyncio.Task[None]] | None = None
-        """Per thread, the last command task about it (the next one waits for it)."""
+        self._lanes: dict[str, tuple[asyncio.Task[None], asyncio.Future[None] | None]] | None = None
+        """Per thread, the last command task about it (the next one waits for it)
+        and, for a publish, the future resolved once it is in the writer's queue
+        (a publish right behind it waits only for that)."""
 
     @property
     def busy(self) -> bool:
@@ -248,15 +267,19 @@ class Connection:
         waits for :meth:`drained`), so the queue holds at most its bound plus
         one frame. A frame that arrives while the queue is at most half full
         is always accepted, however large: a snapshot bigger than the bound
-        can still be delivered.
+        can still be delivered. What is queued goes out at the end of this
+        turn of the event loop (:meth:`flush`), or with the writer.
         """
         if self.state is not ConnectionState.OPEN:
             return True  # going away anyway; not a slow consumer
         bound = self.gateway.config.send_queue_bytes
         before = self._queued_bytes
-        self._queue.append(frame)
+        queue = self._queue
+        if not queue:
+            # Anything already queued has a flush or the writer coming.
+            self.gateway.flush_soon(self)
+        queue.append(frame)
         self._queued_bytes = before + len(frame)
-        _resolve(self._wake)
         if self._queued_bytes <= bound or before <= bound // 2:
             return True
         if self._queued_bytes > REPLY_QUEUE_FACTOR * bound:
@@ -264,6 +287,57 @@ class Connection:
             # read, subscribes and their snapshots), the queue stays bounded.
             self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
         return False
+
+    def flush(self) -> None:
+        """Write the queue to the socket now, if the writer has nothing to wait for.
+
+        Called once per turn of the event loop for the connections that got
+        frames in it (:meth:`Gateway.flush_soon`). A live thread's steady
+        state is one event at a time: waking the writer task for each would
+        cost a wake-up, a write and a drain per frame and connection, where
+        ``websockets.broadcast`` makes only the write. This is that write,
+        with its checks, for everything queued since the last turn: a burst
+        still goes to each socket together. While the socket is over its
+        high-water mark (or closing) the writer has it, and waits under its
+        watchdog; so it has when this write fills the buffer.
+        """
+        queue = self._queue
+        if not queue or self.state is not ConnectionState.OPEN:
+            return
+        ws = self.ws
+        if (
+            ws.paused
+            or ws.protocol.state is not State.OPEN  # closing: the writer's path waits for it
+            or _SENDING_FRAGMENTS is None
+            or getattr(ws, _SENDING_FRAGMENTS) is not None
+            or ws.transport.is_closing()
+            or not _BATCHED_WRITES
+        ):
+            _resolve(self._wake)
+            return
+        frames = self._take()
+        try:
+            protocol = ws.protocol
+            for frame in frames:
+                if isinstance(frame, str):
+                    protocol.send_text(frame.encode())
+                else:
+                    protocol.send_binary(frame)
+            ws.send_data()
+        except Exception:
+            # What send_context does with an unexpected error: the connection
+            # is done for (the reader sees the close and cleans up). The
+            # others flushed in this turn are not held up.
+            log.exception("connection %s: write failed", self.remote)
+            self.state = ConnectionState.CLOSING
+            queue.clear()
+            self._queued_bytes = 0
+            _resolve(self._wake)
+            _resolve(self._drain)
+            ws.transport.abort()
+            return
+        if queue or ws.paused:
+            _resolve(self._wake)  # more than a batch, or a full buffer: the writer's
 
     def has_room(self) -> bool:
         return self._queued_bytes <= self.gateway.config.send_queue_bytes
@@ -308,8 +382,12 @@ class Connection:
 
     async def _write_all(self) -> None:
         queue = self._queue
+        ws = self.ws
         while self.state is ConnectionState.OPEN:
-            if not queue:
+            # With nothing queued but a buffer that a flush filled, the writer
+            # still waits for the socket (an empty batch: a drain), so that a
+            # client that stops reading meets the watchdog.
+            if not queue and not (ws.paused and _BATCHED_WRITES):
                 self._wake = asyncio.get_running_loop().create_future()
                 try:
                     await self._wake
@@ -320,18 +398,7 @@ class Connection:
             # WRITE_BATCH_BYTES): events reach a thread's viewers in bursts,
             # and one wake-up, write and drain per burst instead of per frame
             # is most of a fan-out's cost.
-            frames: list[bytes | str] = []
-            size = 0
-            while queue and size < WRITE_BATCH_BYTES:
-                frame = queue.popleft()
-                frames.append(frame)
-                size += len(frame)
-            self._queued_bytes -= size
-            counters = self.gateway.counters
-            counters.frames_out += len(frames)
-            counters.bytes_out += size
-            if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
-                _resolve(self._drain)
+            frames = self._take()
             # A watchdog, not a deadline: a large snapshot may take long to a
             # slow reader, but a socket that takes nothing is dropped.
             loop = asyncio.get_running_loop()
@@ -344,6 +411,23 @@ class Connection:
                 if self._watchdog is not None:
                     self._watchdog.cancel()
                     self._watchdog = None
+
+    def _take(self) -> list[bytes | str]:
+        """The frames of the next write: the queue's first WRITE_BATCH_BYTES (counted as sent)."""
+        queue = self._queue
+        frames: list[bytes | str] = []
+        size = 0
+        while queue and size < WRITE_BATCH_BYTES:
+            frame = queue.popleft()
+            frames.append(frame)
+            size += len(frame)
+        self._queued_bytes -= size
+        counters = self.gateway.counters
+        counters.frames_out += len(frames)
+        counters.bytes_out += size
+        if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
+            _resolve(self._drain)
+        return frames
 
     def _watch(self, last: int) -> None:
         """Drop the connection if nothing left its write buffer since the last look."""
@@ -379,19 +463,27 @@ class Connection:
         try:
             command = parse_command(data, self.encoding, max_size=gateway.config.max_frame_bytes)
         except CommandError as exc:
+            # Malformed frames count too: what a client sends is bounded in
+            # the work it causes, not only in its size.
+            await self._paced(self._commands, 1)
             self.reply(error_frame(exc.code, str(exc), exc.command_id))
             return
         gateway.counters.commands += 1
-        # Every frame counts, refused ones included: what a client sends is
-        # bounded in the work it causes, not only in its size.
-        wait = self._commands.take(1)
-        if wait == 0 and isinstance(command, Publish):
-            wait = self._events.take(len(command.events))
-        elif wait == 0 and isinstance(command, Auth):
-            wait = self._auths.take(1)
+        if isinstance(command, Auth):
+            # A signature check each: refused past the rate, never paced (and
+            # failures are counted towards the close).
+            wait = self._commands.take(1) or self._auths.take(1)
+        elif isinstance(command, Publish):
+            # As much work as its events: a publish counts against the events
+            # rate only, so that single-event publishes can be pipelined.
+            wait = await self._paced(self._events, len(command.events))
+        else:
+            wait = await self._paced(self._commands, 1)
         if wait:
             self.reply(self._rate_limited(command, wait))
             return
+        if self.state is not ConnectionState.OPEN:
+            return  # closed while it was paced
         if isinstance(command, Ping):
             self.reply(pong_frame(command.id))
             return
@@ -416,10 +508,29 @@ class Connection:
             await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
         thread = command.thread
         before = self._lanes.get(thread)
-        task = asyncio.create_task(self._run(command, before))
+        entered = (
+            asyncio.get_running_loop().create_future() if isinstance(command, Publish) else None
+        )
+        task = asyncio.create_task(self._run(command, before, entered))
         self._tasks.add(task)
-        self._lanes[thread] = task
+        self._lanes[thread] = (task, entered)
         task.add_done_callback(self._finished)
+
+    async def _paced(self, bucket: RateLimit, count: int) -> float:
+        """Wait until *bucket* has *count* tokens and take them: 0.0. Past
+        :data:`PACE_LIMIT` it does not wait: the seconds it would have waited.
+
+        Pacing, not refusing, keeps a pipelining client's commands in order:
+        the connection's next frame is read only once this one is within the
+        rates (the client is slowed down by its own socket), where a refusal
+        in the middle of a pipeline would let the publishes after it overtake
+        it.
+        """
+        while True:
+            wait = bucket.take(count)
+            if wait == 0.0 or wait > PACE_LIMIT:
+                return wait
+            await asyncio.sleep(wait)
 
     def _rate_limited(self, command: Command, wait: float) -> dict[str, Any]:
         config = self.gateway.config
@@ -522,7 +633,7 @@ class Connection:
         if self._tasks is not None:
             self._tasks.discard(task)
         if self._lanes is not None:
-            for thread, last in list(self._lanes.items()):
+            for thread, (last, _entered) in list(self._lanes.items()):
                 if last is task:
                     del self._lanes[thread]
         if not task.cancelled() and task.exception() is not None:
@@ -533,19 +644,47 @@ class Connection:
                 log.error("connection %s: command failed", self.remote, exc_info=exc)
                 self.close_soon(CloseCode.INTERNAL_ERROR, "internal error, resume")
 
-    async def _run(self, command: Command, before: asyncio.Task[None] | None) -> None:
-        if before is not None:
-            # In order per thread; how the one before ended is its own business.
-            await asyncio.wait([before])
-        if self.state is ConnectionState.OPEN:
-            await self.handle(command)
+    async def _run(
+        self,
+        command: Command,
+        before: tuple[asyncio.Task[None], asyncio.Future[None] | None] | None,
+        entered: asyncio.Future[None] | None,
+    ) -> None:
+        after = None
+        try:
+            if before is not None:
+                previous, queued = before
+                if entered is not None and queued is not None:
+                    # A publish behind a publish: once that one is in the writer's
+                    # queue this one may join it there (the writer stores what
+                    # queued up together, in queue order), and replies after it.
+                    after = previous
+                    if not queued.done():
+                        await asyncio.wait([queued])
+                else:
+                    # In order per thread; how the one before ended is its own business.
+                    await asyncio.wait([previous])
+            if self.state is ConnectionState.OPEN:
+                await self.handle(command, entered, after)
+        finally:
+            _resolve(entered)
 
     def _allowed(self, action: Action, thread: str) -> bool:
         identity = self.identity
         return identity is not None and identity.allows(action, thread)
 
-    async def handle(self, command: Command) -> None:
-        """Carry out one parsed command. Errors become error frames."""
+    async def handle(
+        self,
+        command: Command,
+        entered: asyncio.Future[None] | None = None,
+        after: asyncio.Task[None] | None = None,
+    ) -> None:
+        """Carry out one parsed command. Errors become error frames.
+
+        For a publish, *entered* is resolved once its events are in the
+        writer's queue, and its reply waits until *after* (the publish before
+        it on the thread) is done: replies keep the order of the commands.
+        """
         gateway = self.gateway
         command_id = command.id
         thread = None
@@ -579,12 +718,20 @@ class Connection:
                 ids = command.event_ids
                 if ids is not None:
                     ids = [scoped_event_id(identity, i) for i in ids]
+                # The writer queues the events before it first awaits, and the
+                # next publish cannot run before this task awaits: resolved
+                # now, that one still queues behind this one.
+                _resolve(entered)
                 offsets = await gateway.hub.publish(thread, command.events, ids)
                 gateway.counters.events_in += len(offsets)
+                if after is not None and not after.done():
+                    await asyncio.wait([after])
                 self.reply(published_frame(command.id, thread, offsets))
         except AguiHubError as exc:
             index = exc.index if isinstance(exc, ProtocolError) else None
             retry = exc.retry_after if isinstance(exc, RateLimited) else None
+            if after is not None and not after.done():
+                await asyncio.wait([after])
             self.reply(error_frame(exc.code, str(exc), command_id, thread, index,
                                    retry_after=retry))  # fmt: skip
 
@@ -641,6 +788,11 @@ class Connection:
             for task in list(self._tasks):
                 task.cancel()
 
+
+PACE_LIMIT = 1.0
+"""Longest a connection over its rates is paced for one frame; a frame that
+would have to wait longer (a large publish under a low events rate) is
+refused with ``rate_limited`` instead."""
 
 AUTHS_PER_SECOND = 0.5
 """``auth`` commands a connection may send per second, after a burst of AUTH_BURST."""
@@ -799,6 +951,27 @@ class Gateway:
         self.counters = Counters()
         """What the gateway did since it started (the minute's summary line)."""
         self._summary: asyncio.Task[None] | None = None
+        self._unflushed: list[Connection] = []
+        """Connections that got frames in this turn of the event loop, to flush at its end."""
+
+    # Delivery ----------------------------------------------------------------------------------
+
+    def flush_soon(self, conn: Connection) -> None:
+        """Have *conn*'s queue written at the end of this turn of the event loop.
+
+        One callback per turn for every connection: a channel relaying an
+        event to its viewers queues a frame on each, and each socket then
+        gets one write with all it got in the turn (a burst stays together
+        per socket, which costs less than frame by frame across sockets).
+        """
+        if not self._unflushed:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._unflushed.append(conn)
+
+    def _flush(self) -> None:
+        conns, self._unflushed = self._unflushed, []
+        for conn in conns:
+            conn.flush()
 
     # Admission ---------------------------------------------------------------------------------
 
@@ -1209,6 +1382,9 @@ class Gateway:
             server_header=SERVER_HEADER,
             create_connection=Socket,
             backlog=self.backlog,
+            # `serve --workers N`: N processes listen on this port, the kernel
+            # spreads connections among them (agui_hub/workers.py).
+            reuse_port=config.workers > 1,
             ssl=tls,
             logger=RedactingLogger(logging.getLogger("websockets.server"), {}),
         )

@@ -18,6 +18,16 @@ a thread whose beginning was trimmed away, an event that continues something
 the kept events never mention may continue what the trimmed part opened, and
 is accepted as if it did (once; what follows is judged as usual).
 
+Publishes to one thread are judged and stored in the order the calls were
+made (each takes its place in the thread's queue before it first awaits).
+Those that queue up while an append for the thread is under way are stored
+together by the next one, in one conditional append (a group commit, of at
+most :data:`GROUP_EVENTS` events and about :data:`GROUP_BYTES`): the
+verdicts are those of publishing them one by one, each caller gets its own
+offsets or its own error, and a refused publish leaves the ones after it
+judged as if it had never been sent. A store failure answers the group and
+everything queued behind it, to be sent again in order.
+
 State events are judged too, before they are stored: the writer keeps each
 thread's state document and activity contents
 (:class:`~agui_hub.reducer.StateDocuments`), so a STATE_DELTA or
@@ -38,9 +48,10 @@ import asyncio
 import contextlib
 import enum
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import msgpack
@@ -54,6 +65,7 @@ from .errors import (
     PayloadTooLarge,
     ProtocolError,
     SequenceError,
+    StoreError,
     StoreUnavailable,
 )
 from .events import validate_batch
@@ -105,12 +117,69 @@ class _Seen:
     """The chunk streams open in the thread, to check the next chunks against."""
 
 
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """One publish in its thread's queue: waiting, or being stored with a group."""
+
+    wires: list[dict[str, Any]]
+    ids: list[str]
+    inputs: list[EventInput]
+    retry: bool
+    size: int
+    """Bytes of its encoded events (a group is bounded by them too)."""
+    turn: asyncio.Future[None] | None = None
+    """What it waits on (``None`` for one that led at once): resolved when it is
+    settled, or when it is to lead the next group. Cancelled: its caller is gone."""
+    settled: bool = False
+    offsets: list[Offset] | None = None
+    error: BaseException | None = None
+    trace: TracebackType | None = None
+
+    @property
+    def gone(self) -> bool:
+        return self.turn is not None and self.turn.cancelled()
+
+    def settle(
+        self, offsets: list[Offset] | None = None, error: BaseException | None = None
+    ) -> None:
+        if self.settled:
+            return
+        self.settled, self.offsets, self.error = True, offsets, error
+        if error is not None:
+            self.trace = error.__traceback__
+        if self.turn is not None and not self.turn.done():
+            self.turn.set_result(None)
+
+    def outcome(self) -> list[Offset]:
+        if self.error is not None:
+            # As a future does: one error may be the answer of a whole group.
+            raise self.error.with_traceback(self.trace)
+        assert self.offsets is not None
+        return self.offsets
+
+
 @dataclass(slots=True)
 class _Gate:
-    """Serialises the publishes to one thread; dropped when nobody waits."""
+    """The publishes to one thread, in arrival order; dropped when none is left.
 
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    users: int = 0
+    Whoever leads stores the publishes at the head of the queue as one group
+    (one append); then the next one in the queue leads the publishes that
+    arrived meanwhile. So a producer that does not wait for each reply (a
+    pipelining connection, several connections on one thread) costs one
+    round trip per group instead of one per publish.
+    """
+
+    queue: deque[_Pending] = field(default_factory=deque)
+    leader: _Pending | None = None
+    """The one storing a group now, or told to store the next one (``None``:
+    nobody, and the queue is empty)."""
+
+
+GROUP_EVENTS = 1000
+"""Most events one group commit appends (a single publish may have more)."""
+
+GROUP_BYTES = 4 * 1024 * 1024
+"""Most bytes of encoded events one group commit appends (a single publish may have more)."""
 
 
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
@@ -186,11 +255,23 @@ class ThreadWriter:
         state would exceed :attr:`limits`); or a
         :class:`~agui_hub.errors.StoreError` (after
         :class:`~agui_hub.errors.StoreUnavailable`, retry with the same ids).
+
+        Calls about one thread are judged and stored in the order they were
+        made: the call takes its place before it first awaits. Calls that
+        wait for an append under way are stored together in the next one;
+        the outcome is each call's own, as if they came one by one. A store
+        failure fails the calls stored together with it and those waiting
+        behind them (judged without them, these would be refused for what
+        they continue), so that their callers retry them in order. A
+        cancelled call that was still waiting stores nothing; the others go
+        on.
         """
         wires = validate_batch(events)
+        total = 0
         for n, wire in enumerate(wires):
             try:
                 size = len(encode_event_data(wire))
+                total += size
                 if size > self.max_event_bytes:
                     raise PayloadTooLarge(size, self.max_event_bytes)
                 if wire["type"] in RUN_EVENTS_WITH_THREAD and wire.get("threadId") != thread:
@@ -212,17 +293,153 @@ class ThreadWriter:
         inputs = [EventInput.of(w, i) for w, i in zip(wires, ids, strict=True)]
         if self.sequence is SequenceCheck.OFF:
             return await self.store.append(thread, inputs)
+        # Queued before the first await: calls made in this order are judged
+        # and stored in this order (the gateway relies on it to pipeline).
+        pending = _Pending(wires, ids, inputs, event_ids is not None, total)
         gate = self._gates.get(thread)
         if gate is None:
             gate = self._gates[thread] = _Gate()
-        gate.users += 1
+        gate.queue.append(pending)
+        if gate.leader is None:
+            gate.leader = pending
+        else:
+            pending.turn = asyncio.get_running_loop().create_future()
+            try:
+                await pending.turn
+            except asyncio.CancelledError:
+                if gate.leader is pending:  # told to lead, and gone before it could
+                    with contextlib.suppress(ValueError):
+                        gate.queue.remove(pending)
+                    self._hand_over(thread, gate)
+                raise
+            if pending.settled:
+                return pending.outcome()
+        await self._lead(thread, gate, pending)
+        return pending.outcome()
+
+    async def _lead(self, thread: str, gate: _Gate, me: _Pending) -> None:
+        """Store the group at the head of *gate*'s queue (*me* first), then hand over.
+
+        Every member of the group is settled, unless the leader is cancelled
+        meanwhile (its caller went away): then the members not settled go
+        back to the head of the queue for the next leader, and only the
+        leader's own publish is given up.
+        """
+        group: list[_Pending] = []
         try:
-            async with gate.lock:
-                return await self._publish(thread, wires, ids, inputs, event_ids is not None)
+            events = size = 0
+            queue = gate.queue
+            while queue:
+                head = queue[0]
+                if head.gone:  # cancelled while it waited: as if never sent
+                    queue.popleft()
+                    continue
+                if group and (
+                    events + len(head.wires) > GROUP_EVENTS or size + head.size > GROUP_BYTES
+                ):
+                    break
+                group.append(queue.popleft())
+                events += len(head.wires)
+                size += head.size
+            assert group[0] is me  # the leader heads the queue it leads
+            failure = await self._commit(thread, group)
+            if failure is not None:
+                # Judged without the group, what waits behind it would be
+                # refused for what it continues: it goes back to its callers
+                # too, who send it again after the group, in order.
+                while queue:
+                    queue.popleft().settle(error=failure)
         finally:
-            gate.users -= 1
-            if gate.users == 0:
+            left = [p for p in group if not p.settled and not p.gone and p is not me]
+            gate.queue.extendleft(reversed(left))
+            self._hand_over(thread, gate)
+
+    def _hand_over(self, thread: str, gate: _Gate) -> None:
+        """Make the first caller still waiting in *gate* the leader, or drop the gate."""
+        queue = gate.queue
+        while queue and queue[0].gone:
+            queue.popleft()
+        if not queue:
+            gate.leader = None
+            if self._gates.get(thread) is gate:
                 del self._gates[thread]
+            return
+        gate.leader = queue[0]
+        turn = queue[0].turn
+        if turn is not None and not turn.done():
+            turn.set_result(None)
+
+    async def _commit(self, thread: str, group: list[_Pending]) -> StoreError | None:
+        """Store *group*, settling each member as if they were published one by one.
+
+        Together in one append while the rules accept them. When they refuse
+        an event, the members before its publish (which passed) are stored
+        together, the refused publish on its own (so that it gets its own
+        error with its own ``index``) and the rest as a new group, judged as
+        if the refused one had never been sent. One by one when an event id
+        recurs across members (a retry queued behind its first try). A store
+        failure settles every member not settled yet with it, and is
+        returned: their callers retry, in order, with the same ids.
+        """
+        try:
+            rest = group
+            while rest:
+                rest = [p for p in rest if not p.settled and not p.gone]
+                if len(rest) < 2 or not _distinct(rest):
+                    await self._one_by_one(thread, rest)
+                    return None
+                try:
+                    await self._together(thread, rest)
+                    return None
+                except ProtocolError as exc:
+                    at = _member_at(rest, exc.index)
+                if at is None:  # not one event's fault (e.g. the thread quota)
+                    await self._one_by_one(thread, rest)
+                    return None
+                if at > 0:
+                    try:
+                        await self._together(thread, rest[:at])  # they passed just now
+                    except ProtocolError:
+                        await self._one_by_one(thread, rest[:at])
+                await self._one_by_one(thread, [rest[at]])
+                rest = rest[at + 1 :]
+        except StoreError as exc:
+            for p in group:
+                p.settle(error=exc)
+            return exc
+        except Exception as exc:  # a bug: nobody may wait for ever
+            for p in group:
+                p.settle(error=exc)
+        return None
+
+    async def _together(self, thread: str, members: list[_Pending]) -> None:
+        """Store *members* in one append and settle them, or raise what it raised."""
+        wires = [w for p in members for w in p.wires]
+        ids = [i for p in members for i in p.ids]
+        inputs = [e for p in members for e in p.inputs]
+        retry = any(p.retry for p in members)
+        offsets = await self._publish(thread, wires, ids, inputs, retry)
+        start = 0
+        for p in members:
+            p.settle(offsets[start : start + len(p.wires)])
+            start += len(p.wires)
+
+    async def _one_by_one(self, thread: str, members: list[_Pending]) -> None:
+        """Store each of *members* on its own, settling each with its own outcome.
+
+        Raises a store failure (for the caller to settle the rest with it).
+        """
+        for p in members:
+            if p.gone:
+                continue  # not stored yet, and its caller is gone
+            try:
+                offsets = await self._publish(thread, p.wires, p.ids, p.inputs, p.retry)
+            except StoreError:
+                raise  # this one's and the rest's: stored in order or not at all
+            except Exception as exc:  # its verdict (or a bug), to its caller alone
+                p.settle(error=exc)
+            else:
+                p.settle(offsets)
 
     async def _publish(
         self,
@@ -466,6 +683,27 @@ class ThreadWriter:
 
 
 _ID_KEYS = ("messageId", "toolCallId", "stepName", "subagentRunId")
+
+
+def _member_at(members: list[_Pending], index: int | None) -> int | None:
+    """Which of *members* holds event *index* of their concatenated events."""
+    if index is None or index < 0:
+        return None
+    for n, p in enumerate(members):
+        if index < len(p.wires):
+            return n
+        index -= len(p.wires)
+    return None
+
+
+def _distinct(group: list[_Pending]) -> bool:
+    """Whether no event id occurs in two members of *group* (each one's are distinct)."""
+    seen: set[str] = set()
+    for p in group:
+        if not seen.isdisjoint(p.ids):
+            return False
+        seen.update(p.ids)
+    return True
 
 
 def _try(

@@ -71,7 +71,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -189,28 +189,50 @@ def start_child(name: str, argv: list[str], port: int, ready: str | None) -> Chi
     return child
 
 
-def start_gateway(store_url: str) -> Child:
+def start_gateway(store_url: str, extra: Sequence[str] = ()) -> Child:
     port = free_port()
     # Every client of the benchmark comes from one loopback address: lift the
     # per-address cap (1,000 by default) above the largest case.
     argv = [sys.executable, "-m", "agui_hub.cli", "serve", "--host", HOST, "--port", str(port),
             "--store", store_url, "--log-level", "WARNING",
-            "--max-connections-per-address", "100000"]  # fmt: skip
+            "--max-connections-per-address", "100000", *extra]  # fmt: skip
     return start_child("gateway", argv, port, "/readyz")
 
 
-def start_bare() -> Child:
+def start_bare(extra: Sequence[str] = ()) -> Child:
     port = free_port()
-    argv = [sys.executable, os.path.abspath(__file__), "--bare-server", "--port", str(port)]
+    argv = [sys.executable, os.path.abspath(__file__), "--bare-server", "--port", str(port),
+            *extra]  # fmt: skip
     return start_child("bare", argv, port, None)
 
 
+def process_tree(pid: int) -> list[int]:
+    """*pid* and its descendants (a gateway started with ``--workers``), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+    """User + system CPU time of a process and its descendants, from /proc/<pid>/stat."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+        except OSError:
+            if p == pid:
+                raise
+            continue  # a child that just exited
+        fields = stat[stat.rfind(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICK
 
 
 def rss_kib(pid: int) -> int:
@@ -281,13 +303,35 @@ def thread_names(prefix: str, count: int) -> list[str]:
 
 
 async def bare_server(port: int) -> None:
-    """Subscribe (just a set per thread), prepare (pre-encode), go (broadcast), nothing else."""
+    """Subscribe (just a set per thread), prepare (pre-encode), go (broadcast), nothing else.
+
+    For bench_load.py also: ``publish`` (encode each event's frame and broadcast
+    it at once, then answer ``published``: a relay that stores nothing), and a
+    subscribe ``from`` a position, which sends the thread's prepared frames to
+    that connection alone (a replay from memory).
+    """
     from websockets.asyncio.server import ServerConnection, broadcast, serve
     from websockets.exceptions import ConnectionClosed
 
     subscribers: dict[str, set[ServerConnection]] = {}
     plan: list[tuple[str, bytes]] = []
     tasks: set[asyncio.Task[None]] = set()
+    published: Counter[str] = Counter()
+
+    def spawn(coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def replay(ws: ServerConnection, thread: str, binary: bool) -> None:
+        sent = 0
+        for t, frame in plan:
+            if t == thread:
+                broadcast([ws], frame, text=not binary)
+                sent += 1
+                if sent >= 4096:
+                    sent = 0
+                    await asyncio.sleep(0)
 
     async def blast(binary: bool) -> None:
         sent = 0
@@ -319,10 +363,28 @@ async def bare_server(port: int) -> None:
                     await ws.send(encode({"type": "subscribed", "id": cmd.get("id"),
                                           "thread": thread, "epoch": "bare", "offset": "0-0",
                                           "recovered": True}))  # fmt: skip
+                    if isinstance(cmd.get("from"), dict):
+                        spawn(replay(ws, thread, binary))
+                elif kind == "publish":
+                    thread = cmd["thread"]
+                    # The subscribers' encoding, which may differ from this connection's.
+                    out = Encoding(cmd.get("encoding", encoding))
+                    audience = subscribers.get(thread, set())
+                    offsets = []
+                    for event in cmd["events"]:
+                        offset = fake_offset(published[thread])
+                        published[thread] += 1
+                        offsets.append(offset)
+                        if audience:
+                            frame = event_frame(thread, offset, encode_msgpack(event), out)
+                            broadcast(audience, frame)
+                    await ws.send(encode({"type": "published", "id": cmd.get("id"),
+                                          "thread": thread, "offsets": offsets}))  # fmt: skip
                 elif kind == "prepare":
                     # Same order as the hub's publisher: round robin over the threads.
                     names = thread_names(cmd["prefix"], cmd["threads"])
-                    events = workload(cmd["events"])
+                    given = cmd["events"]
+                    events = given if isinstance(given, list) else workload(given)
                     plan[:] = [
                         (t, frame_bytes(t, k, events[k], encoding))
                         for k in range(len(events))
@@ -330,9 +392,7 @@ async def bare_server(port: int) -> None:
                     ]
                     await ws.send(encode({"type": "prepared", "frames": len(plan)}))
                 elif kind == "go":
-                    task = asyncio.create_task(blast(binary))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    spawn(blast(binary))
         except ConnectionClosed:
             pass
         finally:
@@ -384,16 +444,18 @@ class Client(asyncio.Protocol):
         self.count = 0
         self.target = 0
         self.done_at = 0.0
+        self.last_at = 0.0
+        """When the last counted frame arrived (one clock read per socket read)."""
         self.close_code: int | None = None
         self.latencies: list[int] | None = None
 
     # asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not an isinstance check: uvloop's transports do not subclass asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
         key = base64.b64encode(os.urandom(16)).decode()
-        transport.write(
+        self.transport.write(
             f"GET / HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
             f"Sec-WebSocket-Version: 13\r\n"
@@ -423,9 +485,9 @@ class Client(asyncio.Protocol):
                 self.transport.close()
                 return
             self.handshaken = True
-            self.opened.set_result(None)
+            self.on_open()
         pos, n = 0, len(buf)
-        prefix, counting = self.prefix, self.counting
+        prefix, counting, counted = self.prefix, self.counting, self.count
         while n - pos >= 2:
             length = buf[pos + 1] & 0x7F
             if length < 126:
@@ -454,9 +516,7 @@ class Client(asyncio.Protocol):
                         if not self.done.done():
                             self.done.set_result(None)
                 else:
-                    payload = bytes(buf[start:end])
-                    frame = msgpack.unpackb(payload) if opcode == 2 else json.loads(payload)
-                    self.replies.put_nowait(frame)
+                    self.control(opcode, bytes(buf[start:end]))
             elif opcode == 9:  # ping
                 self.send_frame(0xA, bytes(buf[start:end]))
             elif opcode == 8:  # close
@@ -467,6 +527,8 @@ class Client(asyncio.Protocol):
             pos = end
         if pos:
             del buf[:pos]
+        if self.count != counted:
+            self.last_at = time.perf_counter()
 
     def _stamp(self, buf: bytearray, start: int, end: int) -> None:
         i = buf.find(STAMP, start, end)
@@ -474,6 +536,20 @@ class Client(asyncio.Protocol):
             j = buf.find(b"~", i, end)
             assert self.latencies is not None
             self.latencies.append(time.perf_counter_ns() - int(buf[i + 2 : j]))
+
+    # hooks for clients of other protocols (bench_load.py) ----------------------------------
+
+    def on_open(self) -> None:
+        """The server accepted the WebSocket handshake."""
+        self.opened.set_result(None)
+
+    def control(self, opcode: int, payload: bytes) -> None:
+        """A text or binary frame that is not a counted event."""
+        self.reply(msgpack.unpackb(payload) if opcode == 2 else json.loads(payload))
+
+    def reply(self, frame: dict[str, Any]) -> None:
+        """A decoded frame that is not a counted event (subclasses may take some)."""
+        self.replies.put_nowait(frame)
 
     # commands -----------------------------------------------------------------------------
 
@@ -505,6 +581,7 @@ class Client(asyncio.Protocol):
 
     def arm(self, target: int, latencies: bool = False) -> None:
         self.count, self.target, self.done_at, self.counting = 0, target, 0.0, True
+        self.last_at = 0.0
         self.latencies = [] if latencies else None
         if target == 0 and not self.done.done():
             self.done.set_result(None)
@@ -515,13 +592,15 @@ class Client(asyncio.Protocol):
             self.transport.close()
 
 
-async def connect(port: int, count: int, encoding: str) -> list[Client]:
+async def connect(
+    port: int, count: int, encoding: str, factory: Callable[[int, str], Client] = Client
+) -> list[Client]:
     """Open *count* connections, CONNECT_CONCURRENCY handshakes at a time."""
     loop = asyncio.get_running_loop()
     clients: list[Client] = []
 
     async def one() -> Client:
-        _, client = await loop.create_connection(lambda: Client(port, encoding), HOST, port)
+        _, client = await loop.create_connection(lambda: factory(port, encoding), HOST, port)
         clients.append(client)
         await asyncio.wait_for(client.opened, 30)
         return client
@@ -630,9 +709,17 @@ class Bench:
         return f"{what}{self.serial}"
 
     async def fanout(
-        self, server: Child, kind: str, threads: int, viewers: int, events: int
+        self,
+        server: Child,
+        kind: str,
+        threads: int,
+        viewers: int,
+        events: int,
+        factory: Callable[[int, str], Client] = Client,
     ) -> Delivery:
-        """*viewers* connections on each of *threads* threads; *events* events per thread."""
+        """*viewers* connections on each of *threads* threads; *events* events per thread.
+
+        *factory* makes the connections (another protocol's client, for a peer)."""
         args = self.args
         prefix = self.name(f"{kind}-{threads}x{viewers}-")
         names = thread_names(prefix, threads)
@@ -644,7 +731,7 @@ class Bench:
                     *(self.store.append(t, [EventInput.of(run_started(t))])
                       for t in names[i : i + 1000])
                 )  # fmt: skip
-        clients = await connect(server.port, threads * viewers, args.encoding)
+        clients = await connect(server.port, threads * viewers, args.encoding, factory)
         control: list[Client] = []
         try:
             await subscribe([(c, names[i % threads]) for i, c in enumerate(clients)])
@@ -655,7 +742,7 @@ class Bench:
                 async def trigger() -> float | None:
                     return await self.publish(calls, threads)
             else:
-                control = await connect(server.port, 1, args.encoding)
+                control = await connect(server.port, 1, args.encoding, factory)
                 spec = {"type": "prepare", "prefix": prefix, "threads": threads, "events": events}
                 await control[0].command(spec, "prepared", timeout=120)
 
@@ -1115,10 +1202,17 @@ def main() -> None:
     parser.add_argument("--profile", metavar="PREFIX", help="py-spy the servers in fan-out")
     parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
 
     if args.bare_server:
-        asyncio.run(bare_server(args.port))
+        if args.loop == "uvloop":
+            import uvloop
+
+            uvloop.run(bare_server(args.port))
+        else:
+            asyncio.run(bare_server(args.port))
         return
     print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
     check_workload()

@@ -366,35 +366,38 @@ async def test_a_rate_limited_publish_is_sent_again_without_duplicates(env: Env)
     gateway = await env.gateway(max_events_per_second=20)
     client = await env.connected(gateway, token=token())
     refused = 0
-    request_once = client._request_once
+    publish_once = client._publish_once
 
-    async def counting(command: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+    async def counting(*args: Any) -> dict[str, Any]:
         nonlocal refused
         try:
-            return await request_once(command, deadline)
+            return await publish_once(*args)
         except RateLimited:
             refused += 1
             raise
 
-    client._request_once = counting  # type: ignore[method-assign]
+    client._publish_once = counting  # type: ignore[method-assign]
     thread = "t/limited"
-    events = opening(thread) + deltas(48)
+    events = opening(thread) + deltas(98)
     offsets: list[str] = []
     began = time.monotonic()
-    for i in range(0, len(events), 10):
-        batch = events[i : i + 10]
+    # Batches of 25 at 20 a second: the gateway paces what it can within a
+    # second, and refuses a publish that would wait longer (the third and
+    # the fourth here), which the client sends again after retryAfter.
+    for i in range(0, len(events), 25):
+        batch = events[i : i + 25]
         ids = [f"e-{i + j}" for j in range(len(batch))]
         offsets += await asyncio.wait_for(client.publish(thread, batch, ids), WAIT)
     assert refused >= 1  # the gateway said rate_limited, and the client sent it again
-    assert time.monotonic() - began >= 0.9  # 50 events at 20 per second, a burst of 20
+    assert time.monotonic() - began >= 2.0  # 100 events at 20 per second, a burst of 20
     assert len(set(offsets)) == len(events)
     async with client.subscribe(thread, "start") as sub:
         items = await until_offset(sub, offsets[-1])
     assert thread_events(items) == list(zip(offsets, events, strict=True))  # once each
     # Past its deadline the call raises, with the gateway's wait.
-    await asyncio.wait_for(client.publish(thread, deltas(100, start=48)), WAIT)
+    await asyncio.wait_for(client.publish(thread, deltas(100, start=98)), WAIT)
     with pytest.raises(RateLimited) as limited:
-        await client.publish(thread, deltas(1, start=148), timeout=0.3)
+        await client.publish(thread, deltas(1, start=198), timeout=0.3)
     assert limited.value.retry_after > 0.3
 
 

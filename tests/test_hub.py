@@ -227,9 +227,11 @@ async def test_a_reset_sends_the_snapshot_even_to_a_full_queue() -> None:
 async def test_an_expired_thread_is_noticed_by_the_next_join() -> None:
     # Expiry announces nothing: the join that reads another epoch makes the
     # channel reload instead of waiting for a reset that never comes.
+    # (A join served from the channel's latest entries in memory reads nothing:
+    # no memory here, so that this join reads.)
     now = [1000.0]
     store = MemoryStore(retention=Retention(ttl=60), clock=lambda: now[0])
-    hub = hub_module.Hub(store)
+    hub = hub_module.Hub(store, recent_budget=0)
     await publish_all(hub, run_events(3))
     keeper = Viewer()
     await hub.subscribe(keeper, "t", 1, StartKind.LIVE, None)

@@ -289,3 +289,34 @@ async def test_a_late_subscriber_gets_history_then_carried_entries(store: RedisS
     finally:
         await feed.close()
         await store.close()
+
+
+async def test_the_same_page_asked_at_once_is_read_once(store: RedisStore) -> None:
+    """A resume storm asks for the same page of a thread many times at once: one
+    round trip serves them all, and a caller that gives up does not fail the others."""
+    offsets: list[str] = []
+    for i in range(50):
+        offsets += await store.append("t", [item(i)])
+    reads = 0
+    read_page = store._read_page
+
+    async def counted(*args: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read_page(*args)
+
+    store._read_page = counted  # type: ignore[method-assign]
+    try:
+        quitter = asyncio.ensure_future(store.read_available("t", after=offsets[9], limit=20))
+        pages = [store.read_available("t", after=offsets[9], limit=20) for _ in range(200)]
+        await asyncio.sleep(0)  # every read asked for before the first answers
+        quitter.cancel()
+        results = await asyncio.wait_for(asyncio.gather(*pages), WAIT)
+        assert reads == 1
+        assert all([e.offset for e in r.entries] == offsets[10:30] for r in results)
+        # Another page, or the same one asked later, is read again.
+        await store.read_available("t", after=offsets[29], limit=20)
+        await store.read_available("t", after=offsets[9], limit=20)
+        assert reads == 3
+    finally:
+        await store.close()
