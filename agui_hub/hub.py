@@ -246,6 +246,13 @@ class ThreadChannel:
         """Fold the stored history, then follow the thread live."""
         try:
             await self._load()
+            if self.closed:
+                # Forgotten while it loaded (its subscribers all left): close
+                # what the load opened, start nothing.
+                self._forget_recent()
+                if self._feed is not None:
+                    await self._feed.close()
+                raise _Reload()
             self._task = asyncio.create_task(self._pump(), name=f"agui-hub channel {self.thread}")
         except BaseException as exc:
             self._error = exc
@@ -464,6 +471,9 @@ class ThreadChannel:
                 await self._reset()
 
     async def _reset(self) -> None:
+        # The old epoch's entries must not answer the joins that come while
+        # it reloads: they read the store, and find the new epoch.
+        self._forget_recent()
         if self._feed is not None:
             await self._feed.close()
             self._feed = None
@@ -960,6 +970,11 @@ class Hub:
                 channel = self.channels[thread] = ThreadChannel(self, thread)
                 try:
                     await channel.start()
+                except _Reload:
+                    # Forgotten while it started: a fresh one.
+                    if self.channels.get(thread) is channel:
+                        del self.channels[thread]
+                    continue
                 except BaseException:
                     if self.channels.get(thread) is channel:
                         del self.channels[thread]

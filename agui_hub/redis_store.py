@@ -1038,19 +1038,25 @@ class _LiveReader:
             epoch = epoch_raw.decode()
             if prev.decode() != feed.cursor or (feed.epoch is not None and epoch != feed.epoch):
                 return False
-            entries = [
-                Entry(
-                    flat[i].decode(),
-                    flat[i + 4],
-                    flat[i + 1].decode(),
-                    flat[i + 2].decode() or None,
-                    flat[i + 3].decode(),
+            if not flat or len(flat) % 5 or not all(type(x) is bytes for x in flat):
+                return False
+            # Anyone may publish on the channel: only entries that really
+            # follow the cursor, in order, are believed (else: read).
+            last = offset_key(feed.cursor)
+            entries = []
+            for i in range(0, len(flat), 5):
+                offset = flat[i].decode()
+                key = offset_key(offset)
+                if key <= last:
+                    return False
+                last = key
+                run = flat[i + 2].decode()
+                entries.append(
+                    Entry(
+                        offset, flat[i + 4], flat[i + 1].decode(), run or None, flat[i + 3].decode()
+                    )
                 )
-                for i in range(0, len(flat), 5)
-            ]
-        except (ValueError, TypeError, AttributeError, IndexError, msgpack.UnpackException):
-            return False  # not ours after all: read
-        if not entries:
+        except Exception:  # not ours after all, whatever it is: read
             return False
         feed.epoch = epoch
         feed.cursor = entries[-1].offset

@@ -169,6 +169,12 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
+PACE_LIMIT = 1.0
+"""Longest a connection over its rates is paced for one frame; a frame that
+would have to wait longer is refused with ``rate_limited`` instead.
+Publishes are paced however long it takes (a refusal would let the
+publishes after it overtake it)."""
+
 MAX_COMMANDS_IN_FLIGHT = 32
 """Commands one connection may have under way at once; its next frame is read
 when one of them is done (the client's own backpressure)."""
@@ -475,8 +481,10 @@ class Connection:
             wait = self._commands.take(1) or self._auths.take(1)
         elif isinstance(command, Publish):
             # As much work as its events: a publish counts against the events
-            # rate only, so that single-event publishes can be pipelined.
-            wait = await self._paced(self._events, len(command.events))
+            # rate only, so that single-event publishes can be pipelined. Paced
+            # however long it takes, never refused: a refusal in the middle of
+            # a pipeline would let the publishes after it overtake it.
+            wait = await self._paced(self._events, len(command.events), limit=math.inf)
         else:
             wait = await self._paced(self._commands, 1)
         if wait:
@@ -516,9 +524,9 @@ class Connection:
         self._lanes[thread] = (task, entered)
         task.add_done_callback(self._finished)
 
-    async def _paced(self, bucket: RateLimit, count: int) -> float:
+    async def _paced(self, bucket: RateLimit, count: int, *, limit: float = PACE_LIMIT) -> float:
         """Wait until *bucket* has *count* tokens and take them: 0.0. Past
-        :data:`PACE_LIMIT` it does not wait: the seconds it would have waited.
+        *limit* seconds it does not wait: the seconds it would have waited.
 
         Pacing, not refusing, keeps a pipelining client's commands in order:
         the connection's next frame is read only once this one is within the
@@ -528,7 +536,7 @@ class Connection:
         """
         while True:
             wait = bucket.take(count)
-            if wait == 0.0 or wait > PACE_LIMIT:
+            if wait == 0.0 or wait > limit:
                 return wait
             await asyncio.sleep(wait)
 
@@ -789,11 +797,6 @@ class Connection:
                 task.cancel()
 
 
-PACE_LIMIT = 1.0
-"""Longest a connection over its rates is paced for one frame; a frame that
-would have to wait longer (a large publish under a low events rate) is
-refused with ``rate_limited`` instead."""
-
 AUTHS_PER_SECOND = 0.5
 """``auth`` commands a connection may send per second, after a burst of AUTH_BURST."""
 
@@ -971,7 +974,12 @@ class Gateway:
     def _flush(self) -> None:
         conns, self._unflushed = self._unflushed, []
         for conn in conns:
-            conn.flush()
+            try:
+                conn.flush()
+            except Exception:
+                # Never the others' flush: this one's writer takes its queue.
+                log.exception("connection %s: flush failed", conn.remote)
+                _resolve(conn._wake)
 
     # Admission ---------------------------------------------------------------------------------
 

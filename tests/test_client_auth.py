@@ -362,7 +362,7 @@ async def test_a_refresh_with_narrower_grants_ends_that_subscription_only(env: E
 # -- rate limits ------------------------------------------------------------------------------
 
 
-async def test_a_rate_limited_publish_is_sent_again_without_duplicates(env: Env) -> None:
+async def test_publishes_over_the_events_rate_are_paced_in_order(env: Env) -> None:
     gateway = await env.gateway(max_events_per_second=20)
     client = await env.connected(gateway, token=token())
     refused = 0
@@ -379,36 +379,50 @@ async def test_a_rate_limited_publish_is_sent_again_without_duplicates(env: Env)
     client._publish_once = counting  # type: ignore[method-assign]
     thread = "t/limited"
     events = opening(thread) + deltas(98)
-    offsets: list[str] = []
     began = time.monotonic()
-    # Batches of 25 at 20 a second: the gateway paces what it can within a
-    # second, and refuses a publish that would wait longer (the third and
-    # the fourth here), which the client sends again after retryAfter.
-    for i in range(0, len(events), 25):
-        batch = events[i : i + 25]
-        ids = [f"e-{i + j}" for j in range(len(batch))]
-        offsets += await asyncio.wait_for(client.publish(thread, batch, ids), WAIT)
-    assert refused >= 1  # the gateway said rate_limited, and the client sent it again
-    assert time.monotonic() - began >= 2.0  # 100 events at 20 per second, a burst of 20
+    # Batches of 25 at 20 a second, all sent at once: the gateway reads each
+    # when the one before it is paid for, so they are stored in order and
+    # none is refused.
+    calls = [
+        client.publish(thread, events[i : i + 25], [f"e-{i + j}" for j in range(25)])
+        for i in range(0, len(events), 25)
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*calls), WAIT)
+    offsets = [o for r in results for o in r]
+    assert refused == 0
+    assert time.monotonic() - began >= 2.5  # 100 events at 20 per second, a burst of 20
     assert len(set(offsets)) == len(events)
     async with client.subscribe(thread, "start") as sub:
         items = await until_offset(sub, offsets[-1])
-    assert thread_events(items) == list(zip(offsets, events, strict=True))  # once each
-    # Past its deadline the call raises, with the gateway's wait.
-    await asyncio.wait_for(client.publish(thread, deltas(100, start=98)), WAIT)
-    with pytest.raises(RateLimited) as limited:
-        await client.publish(thread, deltas(1, start=198), timeout=0.3)
-    assert limited.value.retry_after > 0.3
+    assert thread_events(items) == list(zip(offsets, events, strict=True))  # once each, in order
 
 
-async def test_rate_limited_subscribes_are_sent_again(env: Env) -> None:
-    gateway = await env.gateway(max_commands_per_second=4)
+async def test_rate_limited_subscribes_are_sent_again(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At half a command a second, each one after the first would wait over a
+    # second: refused, and sent again by the client after retryAfter.
+    refused = 0
+    rate_limited = Connection._rate_limited
+
+    def counting(self: Any, *args: Any) -> dict[str, Any]:
+        nonlocal refused
+        refused += 1
+        return rate_limited(self, *args)
+
+    monkeypatch.setattr(Connection, "_rate_limited", counting)
+    gateway = await env.gateway(max_commands_per_second=0.5)
     client = await env.connected(gateway, token=token())
-    subs = [await client.subscribe(f"t/s{i}").open() for i in range(10)]
+    subs = [await client.subscribe(f"t/s{i}").open() for i in range(3)]
     for sub in subs:
-        [item] = await take(sub, 1)
+        [item] = await asyncio.wait_for(take(sub, 1), WAIT)
         assert isinstance(item, Subscribed) and not item.resumed
-    assert server_connection(gateway, client).threads == {f"t/s{i}" for i in range(10)}
+    assert refused >= 1
+    assert server_connection(gateway, client).threads == {f"t/s{i}" for i in range(3)}
+    # Past its deadline the call raises, with the gateway's wait.
+    with pytest.raises(RateLimited) as limited:
+        await client.ping(timeout=0.3)
+    assert limited.value.retry_after > 0.3
 
 
 # -- refusals ---------------------------------------------------------------------------------

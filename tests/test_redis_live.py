@@ -320,3 +320,45 @@ async def test_the_same_page_asked_at_once_is_read_once(store: RedisStore) -> No
         assert reads == 3
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        ["+2", "id", "", "T", 5],  # a payload that is not bytes
+        ["0-1", "id", "", "T", b"\x80"],  # not after the cursor
+        ["+2", "id", "", "T", b"\x80", "+1", "id2", "", "T", b"\x80"],  # out of order
+        ["not-an-offset", "id", "", "T", b"\x80"],
+        ["+2", "id", "", "T"],  # cut short
+    ],
+)
+async def test_a_bad_notification_at_the_cursor_is_read_not_believed(
+    store: RedisStore, redis_server: RedisServer, entries: list[Any]
+) -> None:
+    """Entries that claim to follow the cursor but are not well formed make
+    the reader read: no feed fails, this thread's nor another's."""
+    admin = aioredis.from_url(redis_server.url)
+    (first,) = await store.append("t", [item(0)])
+    await store.append("u", [item(0)])
+    feed, reads = await live_feed(store, "t")
+    other = store.subscribe("u")
+    await other.open()
+    try:
+        epoch = await store.epoch("t")
+        ms = int(first.split("-")[0])
+        # "+n": an offset n ms after the cursor (believable but for what is wrong).
+        entries = [f"{ms + int(x[1:])}-0" if x in ("+1", "+2") else x for x in entries]
+        await admin.publish(
+            notify_channel(store.prefix, "t"), msgpack.packb([1, epoch, first, entries])
+        )
+        (second,) = await store.append("t", [item(1)])
+        (third,) = await store.append("u", [item(1)])
+        got = await asyncio.wait_for(collect(feed, 1), WAIT)
+        assert [e.offset for e in got] == [second]
+        assert [e.offset for e in await asyncio.wait_for(collect(other, 1), WAIT)] == [third]
+        assert reads.count >= 1 and feed._error is None and other._error is None
+    finally:
+        await admin.aclose()
+        await other.close()
+        await feed.close()
+        await store.close()
