@@ -628,6 +628,20 @@ class Subscription:
 # -- the client ------------------------------------------------------------------------------
 
 
+def _rate_limited_pause(exc: RateLimited, deadline: float | None) -> float:
+    """Seconds to wait before sending a command answered ``rate_limited`` again;
+    raises *exc* when that would pass *deadline* (a loop time).
+
+    Nothing of the command was carried out: the same command (the same event
+    ids) again is safe. The jitter spreads the clients it paused.
+    """
+    wait = max(exc.retry_after, 0.01)
+    delay = wait + random.uniform(0, 0.05 + 0.2 * wait)
+    if deadline is not None and asyncio.get_running_loop().time() + delay > deadline:
+        raise exc
+    return delay
+
+
 @dataclass
 class _Backoff:
     minimum: float
@@ -1011,13 +1025,7 @@ class HubClient:
                     await asyncio.sleep(delay)
                     continue
                 except RateLimited as exc:
-                    # Nothing of it was carried out: the same command (the same event
-                    # ids) again is safe. The jitter spreads the clients it paused.
-                    wait = max(exc.retry_after, 0.01)
-                    delay = wait + random.uniform(0, 0.05 + 0.2 * wait)
-                    if deadline is not None and loop.time() + delay > deadline:
-                        raise
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(_rate_limited_pause(exc, deadline))
                     continue
                 offsets = reply.get("offsets")
                 if not isinstance(offsets, list) or len(offsets) != len(wires):
@@ -1131,18 +1139,11 @@ class HubClient:
     async def _request(self, command: dict[str, Any], deadline: float | None) -> dict[str, Any]:
         """Send *command* and await its reply; sent again while the gateway answers
         ``rate_limited``, until *deadline* (then :class:`~agui_hub.errors.RateLimited`)."""
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 return await self._request_once(command, deadline)
             except RateLimited as exc:
-                # Nothing of the command was carried out: the same command (the same
-                # event ids) again is safe. The jitter spreads the clients it paused.
-                wait = max(exc.retry_after, 0.01)
-                delay = wait + random.uniform(0, 0.05 + 0.2 * wait)
-                if deadline is not None and loop.time() + delay > deadline:
-                    raise
-                await asyncio.sleep(delay)
+                await asyncio.sleep(_rate_limited_pause(exc, deadline))
 
     async def _request_once(
         self, command: dict[str, Any], deadline: float | None
