@@ -1005,14 +1005,14 @@ class _LiveReader:
         channel = message.get("channel")
         if not isinstance(channel, bytes):
             channel = str(channel).encode()
+        if kind == "message":
+            self._notified(channel, message.get("data"))
+            return
         thread = self._channels.get(channel)
         feed = self._feeds.get(thread) if thread is not None else None
         if feed is None or thread is None:
             return
-        if kind == "message":
-            if thread not in self._dirty and not self._carried(thread, feed, message.get("data")):
-                self._dirty.add(thread)
-        elif kind == "subscribe":
+        if kind == "subscribe":
             self._dirty.add(thread)
         if kind == "subscribe" and feed.ready.is_set():
             # Subscribed again: the connection was lost and Redis may have been

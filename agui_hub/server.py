@@ -150,12 +150,18 @@ async def write_messages(ws: ServerConnection, frames: list[bytes | str]) -> Non
             await ws.send(frame)
         return
     async with ws.send_context():
-        protocol = ws.protocol
-        for frame in frames:
-            if isinstance(frame, str):
-                protocol.send_text(frame.encode())
-            else:
-                protocol.send_binary(frame)
+        _frame_all(ws, frames)
+
+
+def _frame_all(ws: ServerConnection, frames: list[bytes | str]) -> None:
+    """Frame each of *frames* as one message (bytes: binary, str: text) into
+    *ws*'s protocol; the caller sends the data (``send_context``, ``send_data``)."""
+    protocol = ws.protocol
+    for frame in frames:
+        if isinstance(frame, str):
+            protocol.send_text(frame.encode())
+        else:
+            protocol.send_binary(frame)
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:
@@ -323,12 +329,7 @@ class Connection:
             return
         frames = self._take()
         try:
-            protocol = ws.protocol
-            for frame in frames:
-                if isinstance(frame, str):
-                    protocol.send_text(frame.encode())
-                else:
-                    protocol.send_binary(frame)
+            _frame_all(ws, frames)
             ws.send_data()
         except Exception:
             # What send_context does with an unexpected error: the connection
