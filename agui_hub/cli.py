@@ -214,7 +214,11 @@ def _add_settings(serve: argparse.ArgumentParser) -> None:
             flag = "--" + name.replace("_", "-")
             kind = kinds[name]
             if kind is bool:
-                group.add_argument(flag, action="store_true", default=None, help=text)
+                # --no-<flag> too: a setting on by default (viewer), or on in a TOML
+                # file or a variable, can be switched off for one run.
+                group.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=None, help=text
+                )
             else:
                 metavar = {int: "N", float: "SECONDS", str: "TEXT"}.get(kind, "VALUE")
                 if name.endswith(("_file", "_cert", "_key")):

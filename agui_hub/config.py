@@ -81,6 +81,9 @@ class GatewayConfig:
     loop: str = "asyncio"
     """Event loop of ``agui-hub serve``: ``asyncio``, or ``uvloop`` (``pip install
     'agui-hub[speed]'``; see docs/gateway.md, "Processes and event loops")."""
+    viewer: bool = True
+    """Serve the viewer page at ``/`` (with ``/viewer.js`` and ``/viewer.css``): a browser
+    page that follows a thread. The JavaScript client (``/agui-hub.js``) is served either way."""
     workers: int = 1
     """Gateway processes ``agui-hub serve`` runs on the port (SO_REUSEPORT); more than
     one needs a shared store (``redis://``). Limits such as ``max_connections`` apply
@@ -443,6 +446,8 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "tls_key": "PEM private key of --tls-cert (default: none)",
         "loop": "event loop: asyncio, or uvloop (needs pip install 'agui-hub[speed]'; "
         "default asyncio)",
+        "viewer": "serve the viewer page at / (a browser page following a thread; "
+        "--no-viewer: off, /agui-hub.js is still served; default on)",
         "workers": "gateway processes sharing the port (SO_REUSEPORT), to use more cores; "
         "more than 1 needs a redis:// store, and the limits below apply to each process "
         "(default 1)",

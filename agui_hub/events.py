@@ -848,13 +848,24 @@ FAST_PATH_TYPES = frozenset(_FAST_PATH)
 MAX_DEPTH = 256
 """Deepest nesting of arrays and objects accepted inside an event."""
 
+FORBIDDEN_KEY = "__proto__"
+"""The one object key refused anywhere in an event: JavaScript's msgpack
+decoder refuses a frame that holds it, and in a plain JavaScript object it
+names the prototype, not a property."""
+
+_FORBIDDEN_KEY_MESSAGE = (
+    f"the key {FORBIDDEN_KEY!r} is not allowed: JavaScript subscribers cannot take it; rename it"
+)
+
 
 def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, depth: int = 0) -> None:
     """Raise *error* unless *value* is made of JSON values only.
 
     JSON values: dicts with string keys, lists, strings, integers, finite
     floats, booleans and ``None``, nested at most :data:`MAX_DEPTH` deep.
-    Anything else could not be sent to a JSON subscriber unchanged.
+    Anything else could not be sent to a JSON subscriber unchanged. The key
+    :data:`FORBIDDEN_KEY` is refused too: JavaScript subscribers could not
+    take it.
     """
     if depth > MAX_DEPTH:
         raise error(f"value nested deeper than {MAX_DEPTH} levels")
@@ -869,6 +880,8 @@ def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, dept
         for key, item in value.items():
             if type(key) is not str:
                 raise error(f"map key {key!r} is not a string: JSON objects need string keys")
+            if key == FORBIDDEN_KEY:
+                raise error(_FORBIDDEN_KEY_MESSAGE)
             check_json_value(item, error, depth + 1)
         return
     if kind is list:
@@ -883,6 +896,11 @@ def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, dept
 
 
 def _check_event_values(wire: dict[str, Any]) -> None:
+    if FORBIDDEN_KEY in wire:
+        raise InvalidEvent(
+            f"invalid {wire.get('type')} event: {_FORBIDDEN_KEY_MESSAGE}",
+            event_type=str(wire.get("type")) or None,
+        )
     for key, value in wire.items():
         kind = type(value)
         if kind is str or kind is int or kind is bool or value is None:

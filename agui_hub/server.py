@@ -5,7 +5,8 @@ A thin I/O layer over :mod:`agui_hub.protocol` (what frames mean) and
 server. Per connection: one task reads and handles commands in order; the
 bounded send queue is written to the socket at the end of each turn of the
 event loop, or by the connection's writer task while the socket is full.
-Plain HTTP on the same port answers ``/healthz`` and ``/readyz``.
+Plain HTTP on the same port answers ``/healthz`` and ``/readyz``, and serves
+the viewer page and the browser client (:data:`STATIC_PATHS`).
 
 Every connection has an :class:`~agui_hub.auth.Identity` (from its
 handshake's token, an ``auth`` command, or anonymous access where that is
@@ -20,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import email.utils
 import enum
+import hashlib
 import http
 import ipaddress
 import logging
@@ -30,12 +33,14 @@ import ssl
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 from urllib.parse import urlsplit
 
 from websockets.asyncio import connection as ws_connection
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import MultipleValuesError
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
@@ -103,6 +108,122 @@ log = logging.getLogger("agui_hub.server")
 
 STORE_CHECK_TIMEOUT = 2 * SECONDS
 """How long a store check (start-up, ``/readyz``) waits for an answer."""
+
+
+# -- the viewer page and the browser client ----------------------------------------------------
+
+_JS = "text/javascript; charset=utf-8"
+STATIC_PATHS: dict[str, tuple[str, str, bool]] = {
+    # path: (file in agui_hub/static, Content-Type, part of the viewer)
+    "/": ("index.html", "text/html; charset=utf-8", True),
+    "/index.html": ("index.html", "text/html; charset=utf-8", True),
+    "/viewer.js": ("viewer.js", _JS, True),
+    "/viewer.css": ("viewer.css", "text/css; charset=utf-8", True),
+    "/agui-hub.js": ("agui-hub.js", _JS, False),
+    # Served for reading, never run: nosniff keeps a browser from taking it for a script.
+    "/agui-hub.d.ts": ("agui-hub.d.ts", "text/plain; charset=utf-8", False),
+}
+"""What the gateway serves over plain HTTP besides ``/healthz`` and ``/readyz``."""
+
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""The viewer page's Content-Security-Policy: nothing but its own files, and
+WebSockets to any gateway (``/?hub=ws://…`` follows another one). Event data
+is untrusted: even if some got into the page as markup, it could load and run
+nothing."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StaticFile:
+    body: bytes | None
+    """``None``: the package was built without this file."""
+    name: str
+    content_type: str
+    etag: str
+    shared: bool
+    """Importable from pages on other origins (the client, not the viewer)."""
+
+
+def static_folder() -> Traversable:
+    """Where the package keeps the built page and client (``agui_hub/static``)."""
+    return resources.files("agui_hub") / "static"
+
+
+def load_static(viewer: bool) -> dict[str, StaticFile]:
+    """The files of :data:`STATIC_PATHS` to serve, read once, by path (without the
+    viewer's own with *viewer* off).
+
+    A file missing from the package (a source checkout where ``npm run build``
+    never ran) is answered 404 with the reason, rather than failing the start.
+    """
+    folder = static_folder()
+    found: dict[str, StaticFile] = {}
+    for path, (name, content_type, of_viewer) in STATIC_PATHS.items():
+        if of_viewer and not viewer:
+            continue
+        try:
+            body: bytes | None = (folder / name).read_bytes()
+        except OSError:
+            body = None
+        tag = hashlib.sha256(body).hexdigest()[:32] if body is not None else ""
+        found[path] = StaticFile(body, name, content_type, f'"{tag}"', not of_viewer)
+    return found
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    """Whether an ``If-None-Match`` value names *etag* (weak comparison, RFC 9110)."""
+    for candidate in header.split(","):
+        candidate = candidate.strip()
+        if candidate == "*" or candidate.removeprefix("W/") == etag:
+            return True
+    return False
+
+
+def _static_response(file: StaticFile, request: Request) -> Response:
+    if file.body is None:
+        status = http.HTTPStatus.NOT_FOUND
+        body = (
+            f"agui-hub: this package was built without {file.name} "
+            "(run `npm ci && npm run build` in js/ of a source checkout)\n"
+        ).encode()
+        headers = Headers(
+            [
+                ("Date", email.utils.formatdate(usegmt=True)),
+                ("Connection", "close"),
+                ("Content-Length", str(len(body))),
+                ("Content-Type", "text/plain; charset=utf-8"),
+            ]
+        )
+        return Response(status.value, status.phrase, headers, body)
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Connection", "close"),
+            ("ETag", file.etag),
+            # Revalidated at each load (a 304 costs no body): a gateway upgrade
+            # never leaves a page running with the previous version's script.
+            ("Cache-Control", "no-cache"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Referrer-Policy", "no-referrer"),
+        ]
+    )
+    if file.content_type.startswith("text/html"):
+        headers["Content-Security-Policy"] = PAGE_POLICY
+    if file.shared:
+        # Public code, no credentials: a page on another origin may import it
+        # (module scripts are fetched with CORS).
+        headers["Access-Control-Allow-Origin"] = "*"
+    if _etag_matches(",".join(request.headers.get_all("If-None-Match")), file.etag):
+        # No Content-Length: a 304 has no body, and a cache would take a 0 for
+        # the length of the file it keeps.
+        status = http.HTTPStatus.NOT_MODIFIED
+        return Response(status.value, status.phrase, headers, b"")
+    status = http.HTTPStatus.OK
+    headers["Content-Type"] = file.content_type
+    headers["Content-Length"] = str(len(file.body))
+    return Response(status.value, status.phrase, headers, file.body)
 
 
 # -- connections ------------------------------------------------------------------------------
@@ -957,6 +1078,8 @@ class Gateway:
         self._summary: asyncio.Task[None] | None = None
         self._unflushed: list[Connection] = []
         """Connections that got frames in this turn of the event loop, to flush at its end."""
+        self.static = load_static(config.viewer)
+        """The files served over plain HTTP, by path (read once)."""
 
     # Delivery ----------------------------------------------------------------------------------
 
@@ -1176,13 +1299,31 @@ class Gateway:
 
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         self.silent.pop(ws, None)  # type: ignore[call-overload]
+        # websockets < 15 refuses other methods than GET while parsing the request.
+        method = getattr(request, "method", "GET")
+        if method not in ("GET", "HEAD"):
+            return self._method_not_allowed(ws, method)
         try:
-            return await self._answer(ws, request)
+            response = await self._answer(ws, request)
         except MultipleValuesError as exc:
             # Two Authorization, Origin or Host headers: ambiguous, refused.
             return ws.respond(
                 http.HTTPStatus.BAD_REQUEST, f"agui-hub: the header {exc} appears more than once\n"
             )
+        if method == "HEAD" and response is not None:
+            # The headers of the GET (its Content-Length too), without the body.
+            response = dataclasses.replace(response, body=b"")
+        return response
+
+    @staticmethod
+    def _method_not_allowed(ws: ServerConnection, method: str) -> Response:
+        response = ws.respond(
+            http.HTTPStatus.METHOD_NOT_ALLOWED,
+            f"agui-hub: {method} is not served here: GET (or HEAD) a page, or open a "
+            "WebSocket (a GET with Upgrade: websocket)\n",
+        )
+        response.headers["Allow"] = "GET, HEAD"
+        return response
 
     async def _answer(self, ws: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -1199,10 +1340,17 @@ class Gateway:
             body = "ready\n" + "".join(f"warning: {w}\n" for w in self.store_warnings)
             return ws.respond(http.HTTPStatus.OK, body)
         if request.headers.get("Upgrade", "").lower() != "websocket":
+            # Only here: a WebSocket upgrade on / never looks for a file.
+            file = self.static.get(path)
+            if file is not None:
+                return _static_response(file, request)
+            viewer = ", GET / for the viewer" if self.config.viewer else ""
             return ws.respond(
                 http.HTTPStatus.NOT_FOUND,
-                "agui-hub: open a WebSocket here, or GET /healthz or /readyz\n",
+                f"agui-hub: open a WebSocket here{viewer}, or GET /healthz or /readyz\n",
             )
+        if getattr(request, "method", "GET") != "GET":
+            return self._method_not_allowed(ws, request.method)  # only a GET opens a WebSocket
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
@@ -1409,6 +1557,9 @@ class Gateway:
         )
         scheme = "wss" if tls else "ws"
         log.info("agui-hub listening on %s://%s:%s, store %s", scheme, config.host, port, store)
+        if config.viewer:
+            page = "https" if tls else "http"
+            log.info("viewer: %s://%s:%s/#thread=<thread>", page, config.host, port)
         log.info("authentication: %s; at most %d connections (%d per address)",
                  self.describe_auth(), self.max_connections,
                  config.max_connections_per_address)  # fmt: skip

@@ -1,4 +1,5 @@
-"""Shared fixtures: real redis-server processes on free loopback ports."""
+"""Shared fixtures: real redis-server processes on free loopback ports, gateway
+processes, the JavaScript build."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from .processes import Gateways
 
 TIMEOUT_SCALE = float(os.environ.get("AGUI_HUB_TEST_TIMEOUT_SCALE", "1"))
 """Multiply every wait in the tests by this on slow machines."""
@@ -127,3 +132,30 @@ def own_redis_aof(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def built_js() -> Iterator[Path]:
+    """js/src built once per session into js/.test-build/<pid> (removed afterwards):
+    ``<it>/agui_hub/static/agui-hub.js``, ``<it>/js/dist/agent.js``, ..."""
+    from .nodejs import JS_DIR, build_js
+
+    outdir = JS_DIR / ".test-build" / str(os.getpid())
+    shutil.rmtree(outdir, ignore_errors=True)
+    try:
+        yield build_js(outdir)
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
+@pytest.fixture
+def gateways(tmp_path: Path) -> Iterator[Gateways]:
+    """Gateway processes of one test (tests/processes.py), all killed at its end; the
+    test fails when one of them logged an error."""
+    from .processes import Gateways  # it imports this module: imported when used
+
+    manager = Gateways(tmp_path)
+    try:
+        yield manager
+    finally:
+        manager.kill_all()

@@ -1004,6 +1004,27 @@ def test_non_finite_floats_are_rejected() -> None:
             )
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "STATE_SNAPSHOT", "snapshot": {"a": [{"__proto__": {"polluted": True}}]}},
+        {"type": "CUSTOM", "name": "n", "value": {"__proto__": 1}},
+        {"type": "RUN_STARTED", "threadId": "t", "runId": "r", "__proto__": {}},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "x", "__proto__": 1},
+    ],
+    ids=["nested-state", "custom-value", "extra-field-model-path", "extra-field-fast-path"],
+)
+def test_a_proto_key_is_rejected_at_any_depth(event: dict[str, Any]) -> None:
+    # A JavaScript msgpack decoder refuses a frame holding it: the event would be
+    # undeliverable to browser subscribers.
+    with pytest.raises(InvalidEvent, match="'__proto__' is not allowed") as caught:
+        validate_wire(event)
+    assert caught.value.event_type == event["type"]
+    # Only the exact key: similar names are ordinary data.
+    event = json.loads(json.dumps(event).replace('"__proto__"', '"proto"'))
+    assert validate_wire(event)["type"] == event["type"]
+
+
 def test_validate_wire_rejects_undecodable_bytes_cleanly() -> None:
     event = {"type": "STATE_DELTA", "delta": [{"op": "add", "path": "/a", "value": b"\xff"}]}
     with pytest.raises(InvalidEvent, match="binary strings"):

@@ -20,9 +20,7 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -41,15 +39,6 @@ Event = dict[str, Any]
 
 
 # -- gateway processes ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def gateways(tmp_path: Path) -> Iterator[Gateways]:
-    manager = Gateways(tmp_path)
-    try:
-        yield manager
-    finally:
-        manager.kill_all()
 
 
 def redis_store_url(redis: RedisServer) -> str:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,23 @@ def test_a_redis_url_without_redis_says_what_to_install() -> None:
     assert cli.returncode == 1
     assert "pip install 'agui-hub[redis]'" in cli.stderr
     assert "Traceback" not in cli.stderr
+
+
+@pytest.mark.timeout(180)
+def test_the_wheel_carries_the_browser_client_and_the_viewer(tmp_path: Path) -> None:
+    """`pip install` alone serves the viewer: the built JS, page and styles are package data."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=150 * TIMEOUT_SCALE,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("agui_hub-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    static = sorted(p.name for p in (ROOT / "agui_hub" / "static").iterdir() if p.is_file())
+    assert {"index.html", "viewer.js", "viewer.css", "agui-hub.js", "agui-hub.d.ts"} <= set(static)
+    missing = [name for name in static if f"agui_hub/static/{name}" not in names]
+    assert not missing, f"not in the wheel: {missing}"
