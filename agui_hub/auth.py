@@ -126,20 +126,26 @@ def _patterns(value: Any, what: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Grants:
-    """The threads an identity may read (subscribe) and write (publish)."""
+    """The threads an identity may read (subscribe) and write (publish), and
+    whether it may use the gateway's admin HTTP endpoints (docs/metrics.md)."""
 
     subscribe: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
+    admin: bool = False
+    """``/metrics`` and ``/admin/threads``: every thread's name and size, and deletion."""
 
     def allows(self, action: Action, thread: str) -> bool:
         patterns = self.subscribe if action is Action.SUBSCRIBE else self.publish
         return any(pattern_matches(p, thread) for p in patterns)
 
     def __bool__(self) -> bool:
-        return bool(self.subscribe or self.publish)
+        return bool(self.subscribe or self.publish or self.admin)
 
-    def as_json(self) -> dict[str, list[str]]:
-        return {"subscribe": list(self.subscribe), "publish": list(self.publish)}
+    def as_json(self) -> dict[str, Any]:
+        grants: dict[str, Any] = {"subscribe": list(self.subscribe), "publish": list(self.publish)}
+        if self.admin:  # only then: the frame of every other identity stays as it was
+            grants["admin"] = True
+        return grants
 
     @classmethod
     def everything(cls) -> Grants:
@@ -147,17 +153,25 @@ class Grants:
 
     @classmethod
     def from_claim(cls, value: Any) -> Grants:
-        """Parse ``{"subscribe": [...], "publish": [...]}``; :class:`ValueError` if not that."""
+        """Parse ``{"subscribe": [...], "publish": [...], "admin": true}`` (each key
+        optional); :class:`ValueError` if not that."""
         if value is None:
             return cls()
         if not isinstance(value, Mapping):
             raise ValueError('grants are {"subscribe": [patterns], "publish": [patterns]}')
-        unknown = set(value) - {"subscribe", "publish"}
+        unknown = set(value) - {"subscribe", "publish", "admin"}
         if unknown:
-            raise ValueError(f"unknown grant {sorted(unknown)[0]!r}: use subscribe and publish")
+            raise ValueError(
+                f"unknown grant {sorted(unknown)[0]!r}: use subscribe, publish and admin"
+            )
+        admin = value.get("admin", False)
+        if not isinstance(admin, bool):
+            # Only a JSON true: "false" or 1 must not turn into an admin by accident.
+            raise ValueError("the admin grant is true or false")
         return cls(
             _patterns(value.get("subscribe"), "subscribe"),
             _patterns(value.get("publish"), "publish"),
+            admin,
         )
 
     @classmethod
@@ -639,6 +653,7 @@ def encode_token(
     *,
     subscribe: Iterable[str] = (),
     publish: Iterable[str] = (),
+    admin: bool = False,
     ttl: float = 3600.0,
     audience: str | None = None,
     issuer: str | None = None,
@@ -646,7 +661,8 @@ def encode_token(
     now: float | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> str:
-    """An HS256 token for *subject* with these grants, valid *ttl* seconds.
+    """An HS256 token for *subject* with these grants, valid *ttl* seconds; *admin*
+    adds the admin grant (``/metrics`` and ``/admin/…``, see docs/metrics.md).
 
     For development, tests and small deployments whose tokens the operator
     mints (``agui-hub token``); production usually has an identity provider.
@@ -663,6 +679,8 @@ def encode_token(
         "exp": int(issued + ttl),
         grants_claim: {"subscribe": list(grants.subscribe), "publish": list(grants.publish)},
     }
+    if admin:
+        claims[grants_claim]["admin"] = True
     if audience is not None:
         claims["aud"] = audience
     if issuer is not None:

@@ -1,8 +1,11 @@
-"""The ``agui-hub`` command line: serve, token, publish, tail, replay, demo.
+"""The ``agui-hub`` command line: serve, token, publish, tail, replay, demo, and the
+operator commands threads, info, delete and check (which read the shared store).
 
 Exit status: 0 done, 1 the work failed (the hub is unreachable, an event was
-rejected, ...; the message on stderr says why), 2 a usage error, 130
-interrupted. Transcripts and offsets go to stdout, everything else to stderr.
+rejected, a thread does not exist, ...; the message on stderr says why), 2 a
+usage error, 130 interrupted. ``check`` differs: 0 the store keeps the hub's
+promises, 1 it does not, 2 nothing could be checked. Transcripts, offsets,
+listings and check results go to stdout, everything else to stderr.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .workers import WORKER_FLAG
 
 if TYPE_CHECKING:
     from .server import Gateway
+    from .store import ThreadInfo
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 URL_HELP = (
@@ -97,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="threads it may read (repeat for more)")  # fmt: skip
     token.add_argument("--publish", action="append", default=[], metavar="PATTERN",
                        help="threads it may publish into (repeat for more)")  # fmt: skip
+    token.add_argument("--admin", action="store_true",
+                       help="the admin grant (/metrics, /admin/...)")  # fmt: skip
     token.add_argument("--ttl", type=float, default=3600.0,
                        help="seconds until it expires (default 3600)")  # fmt: skip
     token.add_argument("--secret-file", help="file holding the secret (default "
@@ -197,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--timeout", type=float, metavar="SECONDS",
                       help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
+    _add_operator_commands(commands)
     return parser
 
 
@@ -409,6 +416,7 @@ def _token(args: argparse.Namespace) -> int:
                 args.subject,
                 subscribe=args.subscribe,
                 publish=args.publish,
+                admin=args.admin,
                 ttl=args.ttl,
                 audience=args.audience or os.environ.get("AGUI_HUB_JWT_AUDIENCE") or None,
                 issuer=args.issuer or os.environ.get("AGUI_HUB_JWT_ISSUER") or None,
@@ -435,7 +443,11 @@ def _token_of(args: argparse.Namespace) -> str | None:
 def _url(args: argparse.Namespace, *, gateway_only: bool = False) -> str:
     url: str = args.url or os.environ.get("AGUI_HUB_URL") or DEFAULT_URL
     scheme = urlsplit(url).scheme.lower()
-    allowed = {"ws", "wss"} if gateway_only else {"ws", "wss", "redis", "rediss"}
+    allowed = (
+        {"ws", "wss"}
+        if gateway_only
+        else {"ws", "wss", "redis", "rediss", "redis+cluster", "rediss+cluster"}
+    )
     if scheme not in allowed:
         if gateway_only:
             raise UsageError(f"{url!r}: give the gateway's ws:// URL")
@@ -1208,6 +1220,623 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- operator commands: threads, info, delete, check -------------------------------------------
+
+STORE_HELP = (
+    "the shared store, redis://HOST:PORT/DB[?prefix=...] (default $AGUI_HUB_STORE): the URL "
+    "the gateways are run with, options included"
+)
+DEFAULT_THREADS_LIMIT = 100
+DEFAULT_SCAN = 10_000
+INFO_CONCURRENCY = 64
+"""Thread infos asked for at once by ``threads`` (the Redis pool bounds the connections)."""
+MEMORY_WARN_FRACTION = 0.9
+"""``check`` warns when Redis uses this much of its ``maxmemory``."""
+
+
+def _add_operator_commands(commands: Any) -> None:
+    """The parsers of threads, info, delete and check (the store's operator view)."""
+    threads = commands.add_parser(
+        "threads",
+        help="list the stored threads, most recently active first",
+        description="List the threads of the store with their event count, payload bytes, "
+        "first and last offset, last activity (the time in the last event's offset) and "
+        "epoch, most recently active first: a table, or one JSON object per line with "
+        "--json. Reads the store directly, so it needs the shared store the gateways use.",
+    )
+    threads.add_argument("--store", metavar="URL", help=STORE_HELP)
+    threads.add_argument("--limit", type=int, default=DEFAULT_THREADS_LIMIT, metavar="N",
+                         help="list at most N threads (default %(default)s)")  # fmt: skip
+    threads.add_argument("--scan", type=int, default=DEFAULT_SCAN, metavar="N",
+                         help="look at up to N threads to find the most recently active "
+                         "(default %(default)s); said on stderr when there are more")  # fmt: skip
+    threads.add_argument("--json", action="store_true", help="one JSON object per thread and line")
+
+    info = commands.add_parser(
+        "info",
+        help="show one thread: events, bytes, offsets, epoch, run, expiry, checkpoint",
+        description="Show what the store holds of THREAD: event count, payload bytes, first, "
+        "last and trimmed offsets, last activity, epoch, current run, time left until it "
+        "expires, and its checkpoint (the folded state gateways start from). Exit 1 when "
+        "the thread does not exist.",
+    )
+    info.add_argument("thread")
+    info.add_argument("--store", metavar="URL", help=STORE_HELP)
+    info.add_argument("--json", action="store_true", help="one JSON object")
+
+    delete = commands.add_parser(
+        "delete",
+        help="delete a thread and all its events (asks first)",
+        description="Delete THREAD from the store: its events, event ids and checkpoint. "
+        "On a terminal it shows the thread and asks you to type its id; otherwise it "
+        "refuses unless given --yes. Viewers of the thread are told at once (a new "
+        "epoch when it is published to again). Exit 1 when the thread does not exist.",
+    )
+    delete.add_argument("thread")
+    delete.add_argument("--store", metavar="URL", help=STORE_HELP)
+    delete.add_argument("--yes", action="store_true", help="delete without asking")
+
+    check = commands.add_parser(
+        "check",
+        help="check that Redis's persistence and eviction keep the hub's promises",
+        description="Connect to the store's Redis and check the settings the hub's "
+        "promises rest on: AOF persistence (appendonly, appendfsync), the eviction policy "
+        "(maxmemory-policy), memory headroom, and every warning `serve` logs at start-up. "
+        "One line per check, OK, WARN or FAIL, with the change to make. Exit 0 when every "
+        "promise holds (what serve --require-durable-store needs to start), 1 when one "
+        "does not, 2 when nothing could be checked (the store is unreachable).",
+    )
+    check.add_argument("--store", metavar="URL", help=STORE_HELP)
+
+
+def _store_url(args: argparse.Namespace, command: str) -> str:
+    """The shared store a command works on: ``--store`` or ``$AGUI_HUB_STORE``.
+
+    Raises :class:`UsageError` for no URL, a gateway URL, or ``memory://``
+    (which lives inside one gateway process: no other process can see it).
+    """
+    url: str = args.store or os.environ.get("AGUI_HUB_STORE") or ""
+    if not url:
+        raise UsageError(
+            "give the store: --store redis://HOST:PORT/DB, or set AGUI_HUB_STORE (as for "
+            "agui-hub serve)"
+        )
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        raise UsageError(
+            f"{url!r}: a memory:// store lives inside the one gateway process that uses it, "
+            f"out of reach of `agui-hub {command}`; it needs a shared store: --store "
+            "redis://HOST:PORT/DB"
+        )
+    if scheme in ("ws", "wss"):
+        from .store import redact_url
+
+        raise UsageError(
+            f"{redact_url(url)!r} is a gateway; `agui-hub {command}` reads the store the "
+            "gateways use: --store redis://HOST:PORT/DB"
+        )
+    return url
+
+
+def _open_shared_store(url: str) -> Any:
+    """The store at *url*; :class:`UsageError` for a URL it cannot use, ValueError
+    (exit 1) when the redis package is missing."""
+    from .store import open_store
+
+    try:
+        return open_store(url)
+    except ValueError as exc:
+        if _missing_package(exc):
+            raise
+        raise UsageError(str(exc)) from None
+
+
+def _activity_ms(info: ThreadInfo) -> int | None:
+    """When *info*'s thread last got an event: the ms part of its last offset."""
+    if info.last is None:
+        return None
+    try:
+        return offset_key(info.last)[0]
+    except AguiHubError:
+        return None
+
+
+def _utc(ms: int | None, *, precise: bool = False) -> str | None:
+    """*ms* since the epoch as ISO 8601 UTC (``2026-12-04T15:23:49Z``); None if impossible."""
+    from datetime import UTC, datetime
+
+    if ms is None:
+        return None
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    if precise:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _size(count: int) -> str:
+    """*count* bytes for people: ``512 B``, ``58.3 KiB``, ``1.2 GiB``."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _duration(seconds: float) -> str:
+    """*seconds* for people: ``45 s``, ``12 min``, ``6 h 59 min``, ``6 d 23 h``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def _info_record(info: ThreadInfo) -> dict[str, Any]:
+    """*info* as the JSON object ``threads --json`` and ``info --json`` print."""
+    return {
+        "thread": info.thread,
+        "epoch": info.epoch,
+        "events": info.length,
+        "bytes": info.bytes,
+        "first": info.first,
+        "last": info.last,
+        "lastActivity": _utc(_activity_ms(info), precise=True),
+        "trimmed": info.trimmed,
+        "runId": info.run_id,
+        "ttl": info.ttl,
+    }
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+async def _infos(store: Any, names: Sequence[str]) -> list[ThreadInfo]:
+    """The infos of the threads *names* that still exist, a bounded number at a time."""
+    found: list[ThreadInfo] = []
+    for begin in range(0, len(names), INFO_CONCURRENCY):
+        chunk = names[begin : begin + INFO_CONCURRENCY]
+        infos = await asyncio.gather(*(store.info(name) for name in chunk))
+        # None: deleted or expired since it was listed.
+        found.extend(info for info in infos if info is not None)
+    return found
+
+
+def _thread_names(names: Sequence[str]) -> tuple[list[str], int]:
+    """The valid thread names among *names* (keys a plain XADD made may be odd ones),
+    and how many were not."""
+    valid = []
+    for name in names:
+        try:
+            valid.append(check_thread(name))
+        except AguiHubError:
+            continue
+    return valid, len(names) - len(valid)
+
+
+async def _threads(args: argparse.Namespace) -> int:
+    from .store import redact_url
+
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if args.scan < 1:
+        raise UsageError("--scan must be at least 1")
+    url = _store_url(args, "threads")
+    store = _open_shared_store(url)
+    try:
+        # The store lists names, not activity: the newest N are found among all
+        # of them (up to --scan), not among the first N the listing returns.
+        listed = await store.threads(args.scan + 1)
+        more = len(listed) > args.scan
+        names, odd = _thread_names(listed[: args.scan])
+        infos = await _infos(store, names)
+    finally:
+        await store.close()
+    infos.sort(key=lambda info: (-(_activity_ms(info) or -1), info.thread))
+    shown = infos[: args.limit]
+    out = _Output(sys.stdout)
+    if args.json:
+        out.write("".join(_json_line(_info_record(info)) for info in shown))
+    elif shown:
+        out.write(_threads_table(shown))
+    where = redact_url(url)
+    if not infos:
+        print(f"agui-hub threads: no threads in {where}", file=sys.stderr)
+    elif len(shown) < len(infos):
+        print(f"agui-hub threads: the {len(shown)} most recently active of {len(infos)} "
+              f"threads in {where} (--limit)", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"agui-hub threads: {len(infos)} thread{'s' if len(infos) != 1 else ''} in {where}",
+              file=sys.stderr)  # fmt: skip
+    if more:
+        print(f"agui-hub threads: the store holds more than {args.scan} threads and only "
+              f"{args.scan} were looked at: more recently active ones may be missing (raise "
+              "--scan)", file=sys.stderr)  # fmt: skip
+    if odd:
+        keys = "stream keys under the prefix do" if odd != 1 else "stream key under the prefix does"
+        print(f"agui-hub threads: {odd} {keys} not name a valid thread (written by something "
+              "else?): not listed", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _threads_table(infos: Sequence[ThreadInfo]) -> str:
+    header = ("THREAD", "EVENTS", "BYTES", "FIRST", "LAST", "LAST ACTIVITY (UTC)", "EPOCH")
+    rows = [
+        (
+            info.thread,
+            str(info.length),
+            _size(info.bytes),
+            info.first or "-",
+            info.last or "-",
+            _utc(_activity_ms(info)) or "-",
+            info.epoch,
+        )
+        for info in infos
+    ]
+    widths = [max(len(row[column]) for row in (header, *rows)) for column in range(len(header))]
+    right = {1, 2}  # numbers line up on the right
+
+    def line(row: Sequence[str]) -> str:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        return "  ".join(cells).rstrip() + "\n"
+
+    return "".join(line(row) for row in (header, *rows))
+
+
+async def _info(args: argparse.Namespace) -> int:
+    from .store import redact_url
+
+    thread = _thread(args.thread)
+    url = _store_url(args, "info")
+    store = _open_shared_store(url)
+    try:
+        info = await store.info(thread)
+        checkpoint = await store.get_checkpoint(thread) if info is not None else None
+    finally:
+        await store.close()
+    if info is None:
+        print(f"agui-hub info: thread {thread!r} does not exist in {redact_url(url)}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    record = _info_record(info)
+    record["checkpoint"] = None
+    if checkpoint is not None:
+        record["checkpoint"] = {
+            "offset": checkpoint.offset,
+            "epoch": checkpoint.epoch,
+            "complete": checkpoint.complete,
+            "bytes": len(checkpoint.events),
+            # A checkpoint of another epoch is ignored by the gateways.
+            "current": checkpoint.epoch == info.epoch,
+        }
+    out = _Output(sys.stdout)
+    if args.json:
+        out.write(_json_line(record))
+        return 0
+    fields = [
+        ("thread", info.thread),
+        ("epoch", info.epoch),
+        ("events", str(info.length)),
+        ("bytes", f"{_size(info.bytes)} of event payloads"),
+        ("first", info.first or "-"),
+        ("last", info.last or "-"),
+        ("last activity", record["lastActivity"] or "-"),
+        ("trimmed", f"up to {info.trimmed}" if info.trimmed else "nothing"),
+        ("run", info.run_id or "-"),
+        ("expires", _expiry(info.ttl)),
+        ("checkpoint", _describe_checkpoint(record["checkpoint"])),
+    ]
+    width = max(len(name) for name, _ in fields)
+    out.write("".join(f"{name.ljust(width)}  {value}\n" for name, value in fields))
+    return 0
+
+
+def _expiry(ttl: float | None) -> str:
+    if ttl is None:
+        return "never (no ttl)"
+    return f"in {_duration(ttl)} unless it is published to (ttl)"
+
+
+def _describe_checkpoint(checkpoint: dict[str, Any] | None) -> str:
+    if checkpoint is None:
+        return "none"
+    text = f"at {checkpoint['offset']}, {_size(checkpoint['bytes'])}"
+    if not checkpoint["complete"]:
+        text += ", incomplete (folded after events were trimmed)"
+    if not checkpoint["current"]:
+        text += f", of epoch {checkpoint['epoch']}: stale, ignored"
+    return text
+
+
+def _describe_thread(info: ThreadInfo) -> str:
+    """One line about *info*'s thread: what deleting it removes."""
+    span = f", offsets {info.first} to {info.last}" if info.first and info.last else ""
+    activity = _utc(_activity_ms(info))
+    when = f", last activity {activity}" if activity else ""
+    return f"{info.length} events ({_size(info.bytes)}){span}{when}, epoch {info.epoch}"
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    from .store import redact_url
+
+    thread = _thread(args.thread)
+    url = _store_url(args, "delete")
+    where = redact_url(url)
+    ask = not args.yes
+    if ask and not sys.stdin.isatty():
+        # A pipe or a script cannot answer: deleting must be asked for explicitly.
+        raise UsageError(
+            f"not deleting thread {thread!r}: stdin is not a terminal, so nobody can "
+            "confirm; pass --yes to delete without asking"
+        )
+    store = _open_shared_store(url)
+    try:
+        info = await store.info(thread)
+        if info is None:
+            print(f"agui-hub delete: thread {thread!r} does not exist in {where}: nothing "
+                  "deleted", file=sys.stderr)  # fmt: skip
+            return 1
+        if ask:
+            print(
+                f"thread {thread!r} in {where}: {_describe_thread(info)}\n"
+                "Deleting it removes its events, event ids and checkpoint for good; its "
+                "viewers are told.\n"
+                f"Type the thread id ({thread}) to delete it: ",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+            answer = sys.stdin.readline().rstrip("\r\n")
+            if answer != thread:
+                said = "no answer" if not answer else f"the answer was {answer!r}"
+                print(f"agui-hub delete: not deleted ({said}, not {thread!r})", file=sys.stderr)
+                return 1
+        deleted = await store.delete(thread)
+    finally:
+        await store.close()
+    if not deleted:
+        print(f"agui-hub delete: thread {thread!r} was gone already (deleted or expired "
+              "meanwhile): nothing deleted", file=sys.stderr)  # fmt: skip
+        return 1
+    said = f"deleted thread {thread!r} from {where}: {_describe_thread(info)}"
+    _Output(sys.stdout).write(said + "\n")
+    return 0
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """One line of ``check``: its level (OK, WARN, FAIL), what was checked, and why."""
+
+    level: str
+    name: str
+    text: str
+
+    def line(self) -> str:
+        return f"{self.level:<4} {self.name}: {self.text}"
+
+
+CHECKED_SETTINGS = ("appendonly", "appendfsync", "save", "maxmemory", "maxmemory-policy")
+
+
+def _conf_change(name: str, value: str, also: str = "") -> str:
+    """The change to make, as ``check`` words it: at once and for good."""
+    return (
+        f"change: CONFIG SET {name} {value} (at once) and `{name} {value}` in redis.conf "
+        f"(for good){also}"
+    )
+
+
+def _persistence_verdicts(settings: dict[str, str]) -> list[_Verdict]:
+    appendonly = settings.get("appendonly", "").lower()
+    fsync = settings.get("appendfsync", "").lower()
+    save = settings.get("save", "").strip()
+    lost = "(viewers are told: new epochs)"
+    if appendonly == "yes":
+        aof = _Verdict(
+            "OK", "appendonly", "yes: Redis logs every write to its AOF before it answers, so "
+            "a restart loses nothing",
+        )  # fmt: skip
+    elif appendonly == "no" and save:
+        aof = _Verdict(
+            "FAIL", "appendonly", f'no, RDB snapshots only (save "{save}"): a crash or '
+            "restart of Redis loses every acknowledged event since the last snapshot and "
+            f"rolls threads back to it {lost}; {_conf_change('appendonly', 'yes')}",
+        )  # fmt: skip
+    elif appendonly == "no":
+        aof = _Verdict(
+            "FAIL", "appendonly", 'no, and no RDB snapshots (save ""): Redis persists '
+            f"nothing, a restart loses every thread {lost}; {_conf_change('appendonly', 'yes')}",
+        )  # fmt: skip
+    else:
+        aof = _Verdict("WARN", "appendonly", f"{appendonly!r}, a value this check does not "
+                       "know: the hub needs yes")  # fmt: skip
+    later = "" if appendonly == "yes" else "; it applies once appendonly is yes"
+    if fsync == "always":
+        sync = _Verdict(
+            "OK", "appendfsync", "always: every write is on disk before Redis answers, even a "
+            f"crash of its machine loses nothing{later}",
+        )  # fmt: skip
+    elif fsync == "everysec":
+        sync = _Verdict(
+            "OK", "appendfsync", "everysec: a crash of Redis loses nothing, a crash of its "
+            "machine at most ~1 s of acknowledged events (always: none, at a cost in write "
+            f"throughput){later}",
+        )  # fmt: skip
+    elif fsync == "no":
+        sync = _Verdict(
+            "FAIL", "appendfsync", "no: the operating system decides when the AOF reaches the "
+            "disk, a crash of the machine can lose ~30 s of acknowledged events; "
+            + _conf_change("appendfsync", "everysec"),
+        )  # fmt: skip
+    else:
+        sync = _Verdict("WARN", "appendfsync", f"{fsync!r}, a value this check does not know: "
+                        "the hub needs everysec or always")  # fmt: skip
+    return [aof, sync]
+
+
+def _eviction_verdict(settings: dict[str, str], uses_ttl: bool) -> _Verdict:
+    policy = settings.get("maxmemory-policy", "").lower()
+    try:
+        maxmemory = int(settings.get("maxmemory", "0") or 0)
+    except ValueError:
+        maxmemory = 0
+    limit = f"maxmemory {_size(maxmemory)}" if maxmemory else "maxmemory 0: no limit"
+    when = "when maxmemory is reached" if maxmemory else "as soon as a maxmemory is set"
+    change = _conf_change("maxmemory-policy", "noeviction")
+    name = "maxmemory-policy"
+    if policy == "noeviction":
+        text = f"noeviction ({limit}): a full Redis refuses appends with an error, drops nothing"
+        return _Verdict("OK", name, text)
+    if policy.startswith("allkeys-"):
+        text = f"{policy} ({limit}): Redis evicts any key {when}, threads' events included"
+        return _Verdict("FAIL", name, f"{text}; {change}")
+    if policy.startswith("volatile-") and uses_ttl:
+        text = (
+            f"{policy} ({limit}): Redis evicts keys with a TTL {when}, and the store's ttl "
+            "option (7 days unless set) gives every thread's keys one"
+        )
+        return _Verdict("FAIL", name, f"{text}; {change} (or ttl=0 in the store URL)")
+    if policy.startswith("volatile-"):
+        text = f"{policy} ({limit}): evicts only keys with a TTL; ttl=0 gives thread keys none"
+        return _Verdict("OK", name, text)
+    text = f"{policy!r}, a value this check does not know: the hub needs noeviction"
+    return _Verdict("WARN", name, f"{text}; {change}")
+
+
+def _memory_verdict(settings: dict[str, str], facts: dict[str, str]) -> _Verdict | None:
+    """Headroom under maxmemory: not a promise, but a full Redis refuses appends."""
+    try:
+        maxmemory = int(settings.get("maxmemory", "0") or 0)
+        used = int(facts["used_memory"])
+    except (KeyError, ValueError):
+        return None
+    if not maxmemory:
+        return _Verdict("OK", "memory", f"{_size(used)} used, no maxmemory")
+    share = used / maxmemory
+    text = f"{_size(used)} used of maxmemory {_size(maxmemory)} ({share:.0%})"
+    if share < MEMORY_WARN_FRACTION:
+        return _Verdict("OK", "memory", text)
+    return _Verdict(
+        "WARN", "memory", f"{text}: a full Redis refuses appends; raise maxmemory (CONFIG SET "
+        "maxmemory, and in redis.conf) or keep less (the store's max_len, max_bytes, ttl)",
+    )  # fmt: skip
+
+
+async def _redis_facts(redis_url: str, timeout: float) -> tuple[dict[str, str], str | None,
+                                                                dict[str, str]]:  # fmt: skip
+    """Redis's settings (CONFIG GET), why they could not be read (or None), and INFO.
+
+    Raises :class:`StoreUnavailable` when Redis does not answer.
+    """
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from .store import redact_url
+
+    client = aioredis.Redis.from_url(
+        redis_url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        decode_responses=True,
+    )
+    settings: dict[str, str] = {}
+    refused: str | None = None
+    facts: dict[str, str] = {}
+    try:
+        for name in CHECKED_SETTINGS:
+            try:
+                reply = await asyncio.wait_for(client.config_get(name), timeout)
+            except (RedisConnectionError, RedisTimeoutError):
+                raise
+            except RedisError as exc:  # a managed Redis may refuse CONFIG
+                refused = str(exc)
+                break
+            settings.update({str(k): str(v) for k, v in reply.items()})
+        with contextlib.suppress(RedisConnectionError, RedisTimeoutError, RedisError):
+            raw = await asyncio.wait_for(client.info(), timeout)
+            facts = {str(k): str(v) for k, v in raw.items()}
+    except (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis at {redact_url(redis_url)} is unavailable: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await client.aclose()
+    if refused is None and any(name not in settings for name in CHECKED_SETTINGS):
+        refused = "incomplete reply"
+    return settings, refused, facts
+
+
+async def _check(args: argparse.Namespace) -> int:
+    from .errors import StoreError
+    from .store import parse_store_url, redact_url
+
+    try:
+        url = _store_url(args, "check")
+        parsed = parse_store_url(url)
+        store = _open_shared_store(url)
+    except (UsageError, ValueError) as exc:
+        # Nothing was checked: exit 2 also for a missing redis package.
+        print(f"agui-hub check: {exc}", file=sys.stderr)
+        return 2
+    where = redact_url(url)
+    assert parsed.redis_url is not None
+    try:
+        try:
+            await store.ping()
+            settings, refused, facts = await _redis_facts(parsed.redis_url, store.op_timeout)
+            warnings: list[str] = await store.durability_warnings()
+        except StoreError as exc:  # unreachable, or it refuses us (a wrong password)
+            why = str(exc).rstrip(".")
+            print(_Verdict("FAIL", "reachable", f"{why}; nothing else was checked").line())
+            return 2
+    finally:
+        await store.close()
+    version = facts.get("redis_version", "?")
+    verdicts = [_Verdict("OK", "reachable", f"Redis {version} at {where} answers")]
+    if refused is not None:
+        text = (
+            f"Redis does not let agui-hub read its settings (CONFIG GET: {refused}); check by "
+            "hand that appendonly is yes, appendfsync everysec or always, and maxmemory-policy "
+            "noeviction"
+        )
+        verdicts.append(_Verdict("FAIL", "settings", text))
+    else:
+        verdicts += _persistence_verdicts(settings)
+        verdicts.append(_eviction_verdict(settings, store.retention.ttl > 0))
+        memory = _memory_verdict(settings, facts)
+        if memory is not None:
+            verdicts.append(memory)
+    # What `serve` warns about, unless a FAIL line above already said it: one
+    # verdict, whichever check finds it (a warning this check does not know
+    # of still fails it, as it stops serve --require-durable-store).
+    failed = [verdict.name for verdict in verdicts if verdict.level == "FAIL"]
+    for warning in warnings:
+        if not any(name in warning for name in failed):
+            verdicts.append(_Verdict("FAIL", "store", warning))
+    out = _Output(sys.stdout)
+    out.write("".join(verdict.line() + "\n" for verdict in verdicts))
+    failures = sum(verdict.level == "FAIL" for verdict in verdicts)
+    if failures:
+        print(f"agui-hub check: {failures} check{'s' if failures != 1 else ''} failed: the "
+              f"hub's promises do not hold on Redis at {where}, or cannot be verified: see the "
+              "FAIL lines, and docs/store.md, 'Redis settings the store needs'",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"agui-hub check: Redis at {where} keeps the hub's promises", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1220,6 +1849,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tail": _tail,
         "replay": _replay,
         "demo": _demo,
+        "threads": _threads,
+        "info": _info,
+        "delete": _delete,
+        "check": _check,
     }
     command = commands.get(args.command)
     if command is None:

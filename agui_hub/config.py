@@ -33,7 +33,7 @@ __all__ = [
 
 LOOPS = ("asyncio", "uvloop")
 """The event loops ``agui-hub serve`` can run on (the ``loop`` setting)."""
-SHARED_STORES = frozenset({"redis", "rediss"})
+SHARED_STORES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
 """Store schemes that several gateway processes can share (``workers`` > 1)."""
 
 KIB = 1024
@@ -138,6 +138,19 @@ class GatewayConfig:
     """PEM certificate chain: serve ``wss://`` (with ``tls_key``)."""
     tls_key: str = ""
 
+    # Operations (docs/metrics.md) -----------------------------------------------------------------
+    metrics: bool = True
+    """Serve Prometheus metrics at ``/metrics``: to anyone on a gateway without
+    authentication; with authentication, to a token with the admin grant (or to
+    anyone with ``metrics_public``)."""
+    metrics_public: bool = False
+    """Serve ``/metrics`` without a token on a gateway with authentication (the
+    figures name no thread, subject or address; they do show the gateway's load)."""
+    admin_anonymous: bool = False
+    """Serve the admin endpoints (``/admin/threads``: every thread's name and size,
+    and deletion) without a token, on a gateway without authentication listening
+    on a loopback address only. With authentication they need the admin grant."""
+
     def __post_init__(self) -> None:
         self.check()
 
@@ -176,6 +189,18 @@ class GatewayConfig:
             raise ValueError("jwt_leeway must be a non-negative number of seconds")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both tls_cert and tls_key")
+        if self.admin_anonymous and self.jwt_configured:
+            raise ValueError(
+                "admin_anonymous is for gateways without authentication: with JWT, the admin "
+                'endpoints take a token with the admin grant ({"agui": {"admin": true}}; '
+                "docs/metrics.md)"
+            )
+        if self.admin_anonymous and not is_loopback(self.host):
+            raise ValueError(
+                f"admin_anonymous would let anyone who reaches {self.host} list and delete "
+                "every thread: it is only for a loopback host (127.0.0.1); elsewhere configure "
+                "JWT and use a token with the admin grant (docs/metrics.md)"
+            )
 
     def check_processes(self) -> None:
         """Raise :class:`ValueError` if ``loop`` or ``workers`` cannot be served.
@@ -502,6 +527,15 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "dropped (default: the ping timeout, or 20)",
         "idle_timeout": "seconds before a connection with nothing to do is closed (default 300)",
         "open_timeout": "seconds a new socket has to finish its handshake (default 10)",
+    },
+    "operations (docs/metrics.md)": {
+        "metrics": "serve Prometheus metrics at /metrics (--no-metrics: off; default on: open "
+        "without authentication, else for tokens with the admin grant)",
+        "metrics_public": "serve /metrics without a token also when authentication is on "
+        "(default off)",
+        "admin_anonymous": "serve the admin endpoints (/admin/threads) without a token; only "
+        "without authentication, on a loopback --host (default off: they need a token with "
+        "the admin grant)",
     },
 }
 """Every setting, grouped, with the help line of its flag (``agui-hub serve --help``)."""

@@ -489,6 +489,11 @@ class ThreadChannel:
             self._send(sub, subscribed_frame(None, self.thread, self.epoch, self.cursor, False))
             sub.send(self._snapshot_bytes(sub.encoding))
 
+    def backlog(self) -> tuple[int, Offset | None]:
+        """Live entries the store delivered that this channel has not relayed yet, and
+        the offset of the oldest (see :meth:`FeedSubscription.backlog`)."""
+        return self._feed.backlog() if self._feed is not None else (0, None)
+
     async def close(self) -> None:
         self.closed = True
         self._forget_recent()
@@ -679,10 +684,12 @@ class ThreadChannel:
 
     # -- subscribers ---------------------------------------------------------------------------
 
-    async def add(self, sub: Subscriber, command_id: Any, start: Start, run: str | None) -> None:
+    async def add(self, sub: Subscriber, command_id: Any, start: Start, run: str | None) -> bool:
         """Subscribe *sub*: the reply first, then history or a snapshot, then live events.
 
-        Returns once the reply is queued; history follows in the background.
+        Returns once the reply is queued, with its ``recovered`` flag (``False``: a
+        snapshot follows instead of the events after *start*); history follows in
+        the background.
         Raises :class:`_Reload` when the channel closed while the join waited
         (the hub then joins a fresh channel).
         """
@@ -695,8 +702,7 @@ class ThreadChannel:
                 if start.epoch is not None and start.epoch != self.epoch:
                     # Another epoch: the client's offsets mean nothing here. (No epoch
                     # at all: an offset someone typed, taken in the current epoch.)
-                    self._join_with_snapshot(sub, command_id, run, recovered=False)
-                    return
+                    return self._join_with_snapshot(sub, command_id, run, recovered=False)
                 wanted = offset_key(start.offset)
                 if wanted > offset_key(self.cursor):
                     # Ahead of this process: perhaps another gateway saw more. The
@@ -707,38 +713,36 @@ class ThreadChannel:
                     if wanted > offset_key(head) or self.epoch is None:
                         # Not an offset of this stream: answered like another epoch,
                         # never with a subscription that would wait for it for ever.
-                        self._join_with_snapshot(sub, command_id, run, recovered=False)
-                        return
+                        return self._join_with_snapshot(sub, command_id, run, recovered=False)
                     if wanted <= offset_key(self.cursor):
                         # The channel relayed past it while we asked: the events
                         # in between come from the store (the history join).
                         continue
                     # Still ahead, and stored: it has everything up to its offset.
-                    self._join_live(sub, command_id, run, start.offset)
-                    return
+                    return self._join_live(sub, command_id, run, start.offset)
                 if wanted == offset_key(self.cursor):
-                    self._join_live(sub, command_id, run, self.cursor)
-                    return
-                done = await self._join_with_history(sub, command_id, run, start.offset, generation)
+                    return self._join_live(sub, command_id, run, self.cursor)
+                recovered = await self._join_with_history(
+                    sub, command_id, run, start.offset, generation
+                )
             elif start is StartKind.LIVE:
-                self._join_live(sub, command_id, run, self.cursor)
-                return
+                return self._join_live(sub, command_id, run, self.cursor)
             elif start is StartKind.SNAPSHOT:
-                self._join_with_snapshot(sub, command_id, run, recovered=True)
-                return
+                return self._join_with_snapshot(sub, command_id, run, recovered=True)
             else:
-                done = await self._join_with_history(sub, command_id, run, START, generation)
-            if done:
-                return
+                recovered = await self._join_with_history(sub, command_id, run, START, generation)
+            if recovered is not None:
+                return recovered
         raise StoreUnavailable(f"thread {self.thread!r} kept being reset; subscribe again")
 
-    def _join_live(self, sub: Subscriber, command_id: Any, run: str | None, at: Offset) -> None:
+    def _join_live(self, sub: Subscriber, command_id: Any, run: str | None, at: Offset) -> bool:
         self.members[sub] = _Member(Phase.LIVE, offset_key(at), at, run)
         self._send(sub, subscribed_frame(command_id, self.thread, self.epoch, self.cursor, True))
+        return True
 
     def _join_with_snapshot(
         self, sub: Subscriber, command_id: Any, run: str | None, *, recovered: bool
-    ) -> None:
+    ) -> bool:
         self.members[sub] = _Member(Phase.LIVE, offset_key(self.cursor), self.cursor, run)
         self._send(
             sub, subscribed_frame(command_id, self.thread, self.epoch, self.cursor, recovered)
@@ -746,11 +750,13 @@ class ThreadChannel:
         # Always queued, however large: a queue takes one frame past its bound
         # when it was at most half full (see Connection.send).
         sub.send(self._snapshot_bytes(sub.encoding))
+        return recovered
 
     async def _join_with_history(
         self, sub: Subscriber, command_id: Any, run: str | None, after: Offset, generation: int
-    ) -> bool:
-        """Join by replaying the events after *after*; ``False``: start the join again."""
+    ) -> bool | None:
+        """Join by replaying the events after *after*; returns the reply's ``recovered``
+        flag, or ``None``: start the join again."""
         member = _Member(Phase.JOINING, offset_key(after), after, run)
         self.members[sub] = member
         joined_at = self.cursor
@@ -771,10 +777,10 @@ class ThreadChannel:
                 del self.members[sub]
             raise
         if self.members.get(sub) is not member:
-            return True  # unsubscribed or dropped meanwhile: nothing to answer
+            return False  # unsubscribed or dropped meanwhile: nothing answered
         if self.closed or self.generation != generation:
             del self.members[sub]  # reset while we read: the history read may be stale
-            return False
+            return None
         if self.epoch is not None and page.epoch != self.epoch:
             # Re-created (or expired) and the channel has not seen it yet:
             # make it reload, and join again after that rather than reply for
@@ -782,12 +788,11 @@ class ThreadChannel:
             del self.members[sub]
             self._request_reset(page.epoch)
             await asyncio.sleep(RESET_WAIT)
-            return False
+            return None
         if page.gap:
             # Trimmed: the client cannot get every event after its position.
             del self.members[sub]
-            self._join_with_snapshot(sub, command_id, run, recovered=False)
-            return True
+            return self._join_with_snapshot(sub, command_id, run, recovered=False)
         # The reply, then the history up to the cursor, then live: the epoch and
         # cursor of this instant match the history (no reset since the read).
         member.phase = Phase.CATCHING_UP
@@ -962,8 +967,9 @@ class Hub:
 
     async def subscribe(
         self, sub: Subscriber, thread: str, command_id: Any, start: Start, run: str | None
-    ) -> None:
-        """Subscribe *sub* to *thread*; returns once the ``subscribed`` reply is queued."""
+    ) -> bool:
+        """Subscribe *sub* to *thread*; returns once the ``subscribed`` reply is queued,
+        with its ``recovered`` flag (``False``: a snapshot follows)."""
         for _attempt in range(LOAD_ATTEMPTS):
             channel = self.channels.get(thread)
             if channel is None:
@@ -981,8 +987,7 @@ class Hub:
                     await channel.close()
                     raise
             try:
-                await channel.add(sub, command_id, start, run)
-                return
+                return await channel.add(sub, command_id, start, run)
             except _Reload:
                 continue  # that channel failed while we joined: a fresh one
             except BaseException:

@@ -1,5 +1,9 @@
 """The Redis thread store (``redis://``, ``rediss://``): one stream per thread.
 
+On Redis Cluster (``redis+cluster://``, ``rediss+cluster://``) the same store
+runs each thread's scripts on its slot's master; :mod:`agui_hub.redis_cluster`
+holds what differs there (docs/cluster.md).
+
 Keys of one thread share the ``{thread}`` hash tag, so they live in one Redis
 Cluster slot and one Lua script may touch them all (``agui`` is the default
 prefix)::
@@ -11,7 +15,8 @@ prefix)::
     agui:{<thread>}:ids      hash: event id -> offset, for idempotent publishing
     agui:{<thread>}:notify   pub/sub channel: "new entries": the entries themselves
                              (see _CARRIED) or the last offset
-    agui:tenant:{<tenant>}   set: the tenant's threads (only with max_tenant_threads)
+    agui:tenant:{<tenant>}   set: the tenant's threads (only with max_tenant_threads;
+                             never on Redis Cluster, which refuses that option)
 
 Entry format (fields of each stream entry, values are bytes):
 
@@ -63,15 +68,28 @@ import math
 import secrets
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterCrossSlotError,
+    ClusterError,
+    CrossSlotTransactionError,
+    InvalidPipelineStack,
+    NoScriptError,
+    RedisClusterException,
+    RedisClusterUnreachableError,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import (
@@ -105,7 +123,13 @@ from .store import (
     too_many_threads,
 )
 
-__all__ = ["RedisStore"]
+if TYPE_CHECKING:
+    from .redis_cluster import ClusterLiveReader, ClusterOps
+
+__all__ = ["CLUSTER_SCHEMES", "RedisStore"]
+
+CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
+"""URL schemes of a Redis Cluster (see :mod:`agui_hub.redis_cluster`)."""
 
 log = logging.getLogger(__name__)
 
@@ -670,7 +694,19 @@ class _Stalled(StoreUnavailable):
 
 
 class _LiveReader:
-    """Serves every live thread of one store from one pub/sub connection."""
+    """Serves every live thread of one store from one pub/sub connection.
+
+    On Redis Cluster one of these serves the threads of one master, over sharded
+    pub/sub (see :mod:`agui_hub.redis_cluster`): the hooks below
+    (:meth:`_new_pubsub`, :meth:`_subscribe_channels`,
+    :meth:`_unsubscribe_channel` and the message kinds) are what differs.
+    """
+
+    _MESSAGE = "message"
+    """The kind of a notification (``smessage`` for sharded pub/sub)."""
+    _MESSAGE_BYTES = b"message"
+    _SUBSCRIBED = "subscribe"
+    """The kind of a subscription's confirmation (``ssubscribe`` for sharded pub/sub)."""
 
     def __init__(self, store: RedisStore) -> None:
         self._store = store
@@ -711,7 +747,9 @@ class _LiveReader:
         # A registration that another one was waiting on can be cancelled (its
         # client went away): the waiters then register afresh rather than fail.
         while not await self._register_once(sub):
-            pass
+            # Never a busy loop, whatever state the thread's feed is in: the
+            # caller's deadline must be able to fire.
+            await asyncio.sleep(0)
 
     async def _register_once(self, sub: FeedSubscription) -> bool:
         """Register *sub*; ``False`` when the registration it waited on was cancelled."""
@@ -728,14 +766,16 @@ class _LiveReader:
                 self._channels[channel.encode()] = thread
                 self._ensure_running()
                 async with self._pubsub_lock:
-                    await self._store._call(self._pubsub.subscribe(channel))
+                    await self._store._call(self._subscribe_channels([channel]))
             except BaseException as exc:
+                feed.subs.discard(sub)
                 if self._feeds.get(thread) is feed:
                     self._drop(thread, unsubscribe=True)
-                # Concurrent registrations of the thread fail too with a store
-                # error; this task's cancellation is its own: they try again.
-                feed.error = exc if isinstance(exc, Exception) else _Interrupted()
-                feed.ready.set()
+                if not feed.ready.is_set():
+                    # Concurrent registrations of the thread fail too with a store
+                    # error; this task's cancellation is its own: they try again.
+                    feed.error = exc if isinstance(exc, Exception) else _Interrupted()
+                    feed.ready.set()
                 raise
         else:
             feed.subs.add(sub)
@@ -751,6 +791,9 @@ class _LiveReader:
             raise
         if feed.error is not None:
             feed.subs.discard(sub)
+            if self._feeds.get(thread) is feed:
+                # A failed feed is never reused: the next registration starts afresh.
+                self._drop(thread, unsubscribe=True)
             if isinstance(feed.error, _Interrupted):
                 return False
             raise feed.error
@@ -784,11 +827,23 @@ class _LiveReader:
             async with asyncio.timeout(self._store.op_timeout), self._pubsub_lock:
                 if self._closed or channel.encode() in self._channels:
                     return  # closing, or the thread became live again meanwhile
-                await _bounded(self._pubsub.unsubscribe(channel), self._store.op_timeout)
+                await _bounded(self._unsubscribe_channel(channel), self._store.op_timeout)
+
+    def _new_pubsub(self) -> Any:
+        """A pub/sub object (its connection opens with its first command)."""
+        return self._store._client.pubsub()
+
+    async def _subscribe_channels(self, channels: Sequence[str]) -> None:
+        """Subscribe the pub/sub connection to *channels* (confirmations come as
+        messages of kind :attr:`_SUBSCRIBED`)."""
+        await self._pubsub.subscribe(*channels)
+
+    async def _unsubscribe_channel(self, channel: str) -> None:
+        await self._pubsub.unsubscribe(channel)
 
     def _ensure_running(self) -> None:
         if self._pubsub is None:
-            self._pubsub = self._store._client.pubsub()
+            self._pubsub = self._new_pubsub()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="agui-hub redis live reader")
 
@@ -850,7 +905,7 @@ class _LiveReader:
 
     async def _resubscribe(self) -> None:
         async with self._pubsub_lock:
-            old, self._pubsub = self._pubsub, self._store._client.pubsub()
+            old, self._pubsub = self._pubsub, self._new_pubsub()
             if old is not None:
                 # In a task of its own: cancelling this reconnect (on its deadline)
                 # must not keep the old connection from going back to the pool.
@@ -859,7 +914,7 @@ class _LiveReader:
             if channels:
                 # Confirmations mark every thread dirty: what was published while
                 # the connection was down is read after each thread's cursor.
-                await self._pubsub.subscribe(*channels)
+                await self._subscribe_channels(channels)
             self._heard = asyncio.get_running_loop().time()
             self._ping_sent = None
 
@@ -902,7 +957,7 @@ class _LiveReader:
             results = await store._call(pipe.execute(raise_on_error=False))
             if not any(isinstance(r, NoScriptError) for r in results):
                 break
-            await store._call(store._client.script_load(CHECK_POSITION_SCRIPT))
+            await store._call(store._load_script(store._check_script))
         for (thread, feed), result in zip(feeds, results, strict=True):
             if isinstance(result, Exception):
                 log.warning("redis live reader: checking thread %r failed: %s", thread, result)
@@ -910,7 +965,8 @@ class _LiveReader:
                 log.warning(
                     "redis store: thread %r was rolled back (its stream no longer holds "
                     "offset %s, which was read before; Redis restarted from an older "
-                    "snapshot?): new epoch %s, readers resync",
+                    "snapshot, or a replica that lacked it took over?): new epoch %s, "
+                    "readers resync",
                     thread,
                     feed.cursor,
                     _text(result[0]),
@@ -980,7 +1036,7 @@ class _LiveReader:
                 break  # no whole reply received yet (False, or redis-py's marker)
             handled += 1
             # (A list, or hiredis's PushNotification, a subclass of list.)
-            if len(reply) == 3 and reply[0] == b"message" and isinstance(reply, list):
+            if len(reply) == 3 and reply[0] == self._MESSAGE_BYTES and isinstance(reply, list):
                 self._notified(reply[1], reply[2])
                 continue
             message = pubsub.handle_message(reply)
@@ -1005,20 +1061,20 @@ class _LiveReader:
         channel = message.get("channel")
         if not isinstance(channel, bytes):
             channel = str(channel).encode()
-        if kind == "message":
+        if kind == self._MESSAGE:
             self._notified(channel, message.get("data"))
             return
         thread = self._channels.get(channel)
         feed = self._feeds.get(thread) if thread is not None else None
         if feed is None or thread is None:
             return
-        if kind == "subscribe":
+        if kind == self._SUBSCRIBED:
             self._dirty.add(thread)
-        if kind == "subscribe" and feed.ready.is_set():
+        if kind == self._SUBSCRIBED and feed.ready.is_set():
             # Subscribed again: the connection was lost and Redis may have been
             # restarted from an older snapshot meanwhile.
             self._recheck.add(thread)
-        if kind == "subscribe" and not feed.ready.is_set():
+        if kind == self._SUBSCRIBED and not feed.ready.is_set():
             feed.ready.set()
             if not feed.subs:  # every subscriber left while we subscribed
                 self._drop(thread, unsubscribe=True)
@@ -1174,6 +1230,44 @@ async def _bounded(awaitable: Awaitable[T], timeout: float) -> T:
     return task.result()
 
 
+async def _limited(limit: asyncio.Semaphore, awaitable: Awaitable[T]) -> T:
+    async with limit:
+        return await awaitable
+
+
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+"""Failures that mean Redis cannot answer now (worth a retry), not a wrong command."""
+
+_CLUSTER_UNAVAILABLE = (
+    # A master down, its slots without an owner for now, slots moving
+    # (redirections beyond redis-py's retries, keys split mid-migration).
+    ClusterError,
+    TryAgainError,
+    AskError,
+    SlotNotCoveredError,
+    RedisClusterUnreachableError,
+)
+"""What else means "not now" on Redis Cluster."""
+
+
+def _unavailable(exc: BaseException, *, cluster: bool) -> bool:
+    """Whether *exc* means Redis (on a *cluster*: the thread's master) cannot
+    answer now, rather than a wrong command."""
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    if not cluster:
+        return False
+    # The cluster client's own errors: no node reachable, nodes that disagree on
+    # the slots... All but a programming error (several slots in one transaction).
+    return isinstance(exc, _CLUSTER_UNAVAILABLE) or (
+        isinstance(exc, RedisClusterException)
+        and not isinstance(exc, (CrossSlotTransactionError, InvalidPipelineStack))
+    )
+
+
+_MAYBE_STORED = "; the events may or may not be stored: retry with the same event ids"
+
+
 async def _close_quietly(pubsub: Any) -> None:
     with contextlib.suppress(Exception):
         await pubsub.aclose()
@@ -1215,6 +1309,16 @@ _BARE_GET = (
 )
 """Whether the pool's ``get_connection`` takes no command name (redis-py >= 5.3
 warns when given one; older versions need it)."""
+
+
+@dataclass(slots=True)
+class _Lane:
+    """Appends waiting for a round trip, and the task that commits them."""
+
+    queued: list[_QueuedAppend] = field(default_factory=list)
+    committer: asyncio.Task[None] | None = None
+    threads: dict[str, int] = field(default_factory=dict)
+    """Appends per thread queued or in flight here."""
 
 
 @dataclass(slots=True)
@@ -1286,47 +1390,76 @@ class RedisStore:
                     f"{name!r} in the URL of RedisStore({self.url!r}): pass it as an "
                     "argument, or open the store with open_store(url)"
                 )
-        check_redis_options(parts.scheme.lower(), names)
+        scheme = parts.scheme.lower()
+        check_redis_options(scheme.removesuffix("+cluster"), names)
         self.outage_grace = outage_grace
         self.op_timeout = op_timeout
         self.socket_timeout = socket_timeout
         self.prefix = prefix
         self.retention = retention or Retention()
         self._max_pending = max_pending_bytes
-        # A bounded, blocking pool: concurrency waits for a connection instead of
-        # opening more, so the connection count does not grow with the load.
-        # Values are msgpack bytes: decode_responses must stay off.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=socket_timeout,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            health_check_interval=15,
-            decode_responses=False,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
-        self._client = aioredis.Redis(connection_pool=pool)
+        self._limit: asyncio.Semaphore | None = None
+        """Bounds the commands in flight on Redis Cluster (its client does not wait
+        for a free connection); ``None`` on a single Redis, whose pool does."""
+        self._cluster: ClusterOps | None = None
+        """What differs on Redis Cluster (``redis+cluster://``); ``None`` on a single Redis."""
+        # redis-py's Redis or RedisCluster: the calls both take are the ones used.
+        self._client: Any
+        if scheme in CLUSTER_SCHEMES:
+            from .redis_cluster import ClusterOps
+
+            if self.retention.max_tenant_threads:
+                raise ValueError(
+                    f"max_tenant_threads is not available on Redis Cluster ({self.url}): a "
+                    "tenant's set of threads and the threads live in different slots, which "
+                    "one script cannot check atomically; leave it at 0 (docs/cluster.md)"
+                )
+            self._cluster = ClusterOps(self, url, max_connections, socket_timeout)
+            self._client = self._cluster.client
+            self._limit = asyncio.Semaphore(self._cluster.max_connections)
+            append_script, check_script = self._cluster.scripts(
+                APPEND_SCRIPT, CHECK_POSITION_SCRIPT
+            )
+        else:
+            # A bounded, blocking pool: concurrency waits for a connection instead of
+            # opening more, so the connection count does not grow with the load.
+            # Values are msgpack bytes: decode_responses must stay off.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=socket_timeout,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+                health_check_interval=15,
+                decode_responses=False,
+                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+                retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            )
+            self._client = aioredis.Redis(connection_pool=pool)
+            append_script, check_script = APPEND_SCRIPT, CHECK_POSITION_SCRIPT
         # Entries are parsed once, straight into Entry tuples (see _entry), not
         # first into redis-py's (id, dict) pairs: catch-up reads are hot.
         self._client.set_response_callback("XRANGE", _raw_reply)
-        self._append_sha = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
-        self._check_sha = hashlib.sha1(CHECK_POSITION_SCRIPT.encode()).hexdigest()
+        self._append_script, self._check_script = append_script, check_script
+        self._append_sha = hashlib.sha1(append_script.encode()).hexdigest()
+        self._check_sha = hashlib.sha1(check_script.encode()).hexdigest()
         # Group commit: appends that arrive while a round trip is in flight
         # go together in the next one (one pipeline), so many small concurrent
-        # publishes cost few round trips. Order per thread is kept.
-        self._queued: list[_QueuedAppend] = []
-        self._committer: asyncio.Task[None] | None = None
-        self._reader = _LiveReader(self)
+        # publishes cost few round trips. Order per thread is kept. One lane
+        # on a single Redis; one per master on a cluster, so that a master
+        # that is down holds up the appends of its own threads only.
+        self._lanes: dict[str, _Lane] = {}
+        self._lane_of: dict[str, str] = {}
+        """The lane of each thread with appends queued or in flight (it stays
+        there until they are done, so that they keep their order)."""
+        self._reader: _LiveReader | ClusterLiveReader = (
+            _LiveReader(self) if self._cluster is None else self._cluster.live_reader()
+        )
         self._reads: dict[tuple[str, Offset, int], asyncio.Future[_Page]] = {}
         """Page reads in flight, shared by the callers that ask for the same one."""
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r}, prefix={self.prefix!r})"
-
-    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
-        return StoreUnavailable(f"Redis at {self.url} is unavailable: {exc}")
 
     def _timed_out(self, what: str = "a command") -> StoreUnavailable:
         return StoreUnavailable(
@@ -1337,13 +1470,38 @@ class RedisStore:
         """Await one store command within ``op_timeout``; Redis failures become
         :class:`StoreUnavailable` (unreachable, too slow) or :class:`StoreError`."""
         try:
+            if self._limit is not None:
+                awaitable = _limited(self._limit, awaitable)
             return await _bounded(awaitable, self.op_timeout)
         except TimeoutError:  # the deadline (a builtin TimeoutError, unlike redis-py's)
             raise self._timed_out(what) from None
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise self._unavailable(exc) from exc
-        except RedisError as exc:
-            raise StoreError(f"Redis error: {exc}") from exc
+        except (RedisError, RedisClusterException, OSError) as exc:
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: BaseException, *, retry_hint: str = "") -> StoreError:
+        """The store error for a redis-py failure: :class:`StoreUnavailable` when
+        Redis (or a cluster master) cannot answer now, else :class:`StoreError`."""
+        if _unavailable(exc, cluster=self._cluster is not None):
+            return StoreUnavailable(f"Redis at {self.url} is unavailable: {exc}{retry_hint}")
+        return StoreError(f"Redis error: {exc}{self._cluster_hint(exc)}")
+
+    def _cluster_hint(self, exc: BaseException) -> str:
+        """What to do when a ``redis://`` URL names a node of a Redis Cluster."""
+        if self._cluster is None and isinstance(
+            exc, (AskError, ClusterError, ClusterCrossSlotError)
+        ):
+            return (
+                f" (the Redis at {self.url} is a node of a Redis Cluster: open the store "
+                "with redis+cluster://host:port,host:port/, see docs/cluster.md)"
+            )
+        return ""
+
+    async def _load_script(self, script: str) -> None:
+        """SCRIPT LOAD *script* (on every master of a cluster)."""
+        if self._cluster is not None:
+            await self._cluster.load_script(script)
+        else:
+            await self._client.script_load(script)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -1364,9 +1522,19 @@ class RedisStore:
                 encode_event_data(item.event),
             ]
         done: asyncio.Future[list[Offset]] = asyncio.get_running_loop().create_future()
-        self._queued.append(_QueuedAppend(thread, quads, len(events), done, expect))
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._commit(), name="agui-hub redis commit")
+        name = self._lane_of.get(thread)
+        if name is None:
+            name = "" if self._cluster is None else self._cluster.lane(thread)
+            self._lane_of[thread] = name
+        lane = self._lanes.get(name)
+        if lane is None:
+            lane = self._lanes[name] = _Lane()
+        lane.queued.append(_QueuedAppend(thread, quads, len(events), done, expect))
+        lane.threads[thread] = lane.threads.get(thread, 0) + 1
+        if lane.committer is None or lane.committer.done():
+            lane.committer = asyncio.create_task(
+                self._commit(name, lane), name="agui-hub redis commit"
+            )
         # A cancelled (or timed-out) caller cancels only its own future; the
         # commit goes on for the others that share its round trip (and the
         # caller's events may still be appended: retry with the same ids).
@@ -1380,130 +1548,161 @@ class RedisStore:
                 "retry with the same event ids"
             ) from None
 
-    async def _commit(self) -> None:
-        while self._queued:
-            batch, self._queued = self._queued[:1000], self._queued[1000:]
-            # Callers that gave up (deadline, cancellation) before their round
-            # trip started were told to retry: their events are not sent.
-            batch = [queued for queued in batch if not queued.done.done()]
-            if not batch:
-                continue
-            # Appends to one thread queued together become one script call, in
-            # arrival order; threads are independent of each other. A
-            # conditional append has its expectation, so a call of its own.
-            groups: list[tuple[str, list[_QueuedAppend]]] = []
-            shared: dict[str, list[_QueuedAppend]] = {}
-            for queued in batch:
-                members = shared.get(queued.thread) if queued.expect is None else None
-                if members is not None:
-                    members.append(queued)
-                    continue
-                groups.append((queued.thread, [queued]))
-                if queued.expect is None:
-                    shared[queued.thread] = groups[-1][1]
-            error: Exception | None = None
-            replies: list[Any] = []
+    async def _commit(self, name: str, lane: _Lane) -> None:
+        while lane.queued:
+            taken, lane.queued = lane.queued[:1000], lane.queued[1000:]
             try:
-                # Bounded like the callers' wait: a stalled Redis does not hold
-                # the appends queued behind this round trip for redis-py's
-                # socket timeout times its retries.
-                replies = await _bounded(self._run_appends(groups), self.op_timeout)
-            except asyncio.CancelledError:
-                for queued in batch:
-                    if not queued.done.done():
-                        queued.done.set_exception(StoreError("the store was closed"))
-                raise
-            except TimeoutError:
-                error = StoreUnavailable(
-                    f"Redis at {self.url} is unavailable: no answer to the append within "
-                    f"{self.op_timeout:g} s; the events may or may not be stored: "
-                    "retry with the same event ids"
+                # Callers that gave up (deadline, cancellation) before their
+                # round trip started were told to retry: their events are not sent.
+                batch = [queued for queued in taken if not queued.done.done()]
+                if batch:
+                    await self._commit_batch(batch)
+            finally:
+                for queued in taken:
+                    left = lane.threads.pop(queued.thread) - 1
+                    if left:
+                        lane.threads[queued.thread] = left
+                    elif self._lane_of.get(queued.thread) == name:
+                        del self._lane_of[queued.thread]
+        if self._lanes.get(name) is lane:
+            del self._lanes[name]
+
+    async def _commit_batch(self, batch: list[_QueuedAppend]) -> None:
+        """One round trip for *batch*; each caller's future gets its offsets or error."""
+        # Appends to one thread queued together become one script call, in
+        # arrival order; threads are independent of each other. A
+        # conditional append has its expectation, so a call of its own.
+        groups: list[tuple[str, list[_QueuedAppend]]] = []
+        shared: dict[str, list[_QueuedAppend]] = {}
+        for queued in batch:
+            members = shared.get(queued.thread) if queued.expect is None else None
+            if members is not None:
+                members.append(queued)
+                continue
+            groups.append((queued.thread, [queued]))
+            if queued.expect is None:
+                shared[queued.thread] = groups[-1][1]
+        error: Exception | None = None
+        replies: list[Any] = []
+        try:
+            # Bounded like the callers' wait: a stalled Redis does not hold
+            # the appends queued behind this round trip for redis-py's
+            # socket timeout times its retries.
+            replies = await _bounded(self._run_appends(groups), self.op_timeout)
+        except asyncio.CancelledError:
+            for queued in batch:
+                if not queued.done.done():
+                    queued.done.set_exception(StoreError("the store was closed"))
+            raise
+        except TimeoutError:
+            error = StoreUnavailable(
+                f"Redis at {self.url} is unavailable: no answer to the append within "
+                f"{self.op_timeout:g} s; the events may or may not be stored: "
+                "retry with the same event ids"
+            )
+        except (RedisError, RedisClusterException, OSError) as exc:
+            error = self._failure(exc, retry_hint=_MAYBE_STORED)
+        for index, (thread, members) in enumerate(groups):
+            reply = error or replies[index]
+            status = b""
+            if not isinstance(reply, Exception):
+                if reply and reply[0] == b"conflict":
+                    status = reply[1] if len(reply) > 1 else b""
+                    reply = AppendConflict(thread)
+                elif reply and reply[0] == b"too_many_threads":
+                    status = reply[1] if len(reply) > 1 else b""
+                    limit = self.retention.max_tenant_threads
+                    reply = too_many_threads(thread, tenant_of(thread), limit)
+                elif len(reply) > 2:
+                    status = reply[2]
+            if status:
+                log.warning(
+                    "redis store: thread %r got a new epoch or a repair (%s): "
+                    "its stream or ids were lost or rolled back (see docs/store.md, "
+                    "'Redis settings the store needs')",
+                    thread,
+                    _text(status),
                 )
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                error = StoreUnavailable(
-                    f"Redis at {self.url} is unavailable: {exc}; the events may or may "
-                    "not be stored: retry with the same event ids"
-                )
-            except RedisError as exc:
-                error = StoreError(f"Redis error: {exc}")
-            for index, (thread, members) in enumerate(groups):
-                reply = error or replies[index]
-                status = b""
-                if not isinstance(reply, Exception):
-                    if reply and reply[0] == b"conflict":
-                        status = reply[1] if len(reply) > 1 else b""
-                        reply = AppendConflict(thread)
-                    elif reply and reply[0] == b"too_many_threads":
-                        status = reply[1] if len(reply) > 1 else b""
-                        limit = self.retention.max_tenant_threads
-                        reply = too_many_threads(thread, tenant_of(thread), limit)
-                    elif len(reply) > 2:
-                        status = reply[2]
-                if status:
-                    log.warning(
-                        "redis store: thread %r got a new epoch or a repair (%s): "
-                        "its stream or ids were lost or rolled back (see docs/store.md, "
-                        "'Redis settings the store needs')",
-                        thread,
-                        _text(status),
-                    )
-                if isinstance(reply, Exception):
-                    failure = reply
-                    if not error and not isinstance(reply, (AppendConflict, TooManyThreads)):
-                        failure = StoreError(f"append failed: {reply}")
-                    for queued in members:
-                        if not queued.done.done():
-                            queued.done.set_exception(failure)
-                    continue
-                offsets = [_text(o) for o in reply[1]]
-                start = 0
+            if isinstance(reply, Exception):
+                failure = reply
+                if error is None and _unavailable(reply, cluster=self._cluster is not None):
+                    # A cluster master down or its slots moving: worth a retry.
+                    failure = self._failure(reply, retry_hint=_MAYBE_STORED)
+                elif not error and not isinstance(reply, (AppendConflict, TooManyThreads)):
+                    failure = StoreError(f"append failed: {reply}{self._cluster_hint(reply)}")
                 for queued in members:
                     if not queued.done.done():
-                        queued.done.set_result(offsets[start : start + queued.count])
-                    start += queued.count
+                        queued.done.set_exception(failure)
+                continue
+            offsets = [_text(o) for o in reply[1]]
+            start = 0
+            for queued in members:
+                if not queued.done.done():
+                    queued.done.set_result(offsets[start : start + queued.count])
+                start += queued.count
 
     async def _run_appends(self, groups: list[tuple[str, list[_QueuedAppend]]]) -> list[Any]:
         """One pipeline with one EVALSHA per thread; loads the script if Redis lost it.
 
         Replaying after NoScriptError is safe: event ids make appends idempotent.
+        On Redis Cluster each master gets the calls of its threads (see
+        :meth:`agui_hub.redis_cluster.ClusterOps.run_scripts`).
         """
-        r = self.retention
+        calls = [self._append_call(thread, members) for thread, members in groups]
+        if self._cluster is not None:
+            return await self._cluster.run_scripts(self._append_script, self._append_sha, calls)
         for attempt in range(2):
-            calls = []
-            for thread, members in groups:
-                expect = members[0].expect
-                args: list[Any] = [
-                    secrets.token_hex(8),
-                    r.max_len,
-                    int(r.max_age * 1000),
-                    int(r.ttl * 1000),
-                    notify_channel(self.prefix, thread),
-                    sum(m.count for m in members),
-                    "" if expect is None else expect.after,
-                    "" if expect is None or expect.epoch is None else expect.epoch,
-                    IDS_REBUILD_LIMIT,
-                    r.max_bytes,
-                    r.max_tenant_threads,
-                    thread,
-                    self.prefix,
-                    self.notify_bytes,
-                ]
-                for member in members:
-                    args += member.quads
-                keys = [
-                    stream_key(self.prefix, thread),
-                    meta_key(self.prefix, thread),
-                    ids_key(self.prefix, thread),
-                    checkpoint_key(self.prefix, thread),
-                    tenant_key(self.prefix, tenant_of(thread)),
-                ]
-                calls.append(_command(b"EVALSHA", self._append_sha, len(keys), *keys, *args))
-            replies = await self._round_trip(b"".join(calls), len(calls))
+            packed = b"".join(
+                _command(b"EVALSHA", self._append_sha, len(keys), *keys, *args)
+                for keys, args in calls
+            )
+            replies = await self._round_trip(packed, len(calls))
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                await self._client.script_load(APPEND_SCRIPT)
+                await self._client.script_load(self._append_script)
                 continue
             return list(replies)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _append_call(
+        self, thread: str, members: list[_QueuedAppend]
+    ) -> tuple[list[str], list[Any]]:
+        """The append script's KEYS and ARGV for *members*, appends to *thread*."""
+        r = self.retention
+        expect = members[0].expect
+        args: list[Any] = [
+            secrets.token_hex(8),
+            r.max_len,
+            int(r.max_age * 1000),
+            int(r.ttl * 1000),
+            notify_channel(self.prefix, thread),
+            sum(m.count for m in members),
+            "" if expect is None else expect.after,
+            "" if expect is None or expect.epoch is None else expect.epoch,
+            IDS_REBUILD_LIMIT,
+            r.max_bytes,
+            r.max_tenant_threads,
+            thread,
+            self.prefix,
+            self.notify_bytes,
+        ]
+        for member in members:
+            args += member.quads
+        # On a cluster every key of one script must be in the thread's slot: the
+        # tenant's set is not (there is no quota there), so the meta key stands
+        # in for it; the script touches KEYS[5] only when max_tenant_threads is set.
+        tenant = (
+            tenant_key(self.prefix, tenant_of(thread))
+            if self._cluster is None
+            else meta_key(self.prefix, thread)
+        )
+        keys = [
+            stream_key(self.prefix, thread),
+            meta_key(self.prefix, thread),
+            ids_key(self.prefix, thread),
+            checkpoint_key(self.prefix, thread),
+            tenant,
+        ]
+        return keys, args
 
     async def _round_trip(self, commands: bytes, count: int) -> list[Any]:
         """Send *count* commands (RESP, see :func:`_command`) at once; their replies,
@@ -1543,24 +1742,35 @@ class RedisStore:
     ) -> list[_Page | StoreError]:
         """For each (thread, after): epoch, trim mark and entries, in one round trip.
 
-        MULTI makes each thread's meta and entries consistent with trimming.
-        A thread whose commands fail (say a key of the wrong type) gets a
-        :class:`StoreError` in its place; the others are unaffected.
+        MULTI makes each thread's meta and entries consistent with trimming (on
+        Redis Cluster, where one MULTI cannot span slots, a read script per
+        thread does). A thread whose commands fail (say a key of the wrong
+        type) gets a :class:`StoreError` in its place (:class:`StoreUnavailable`
+        when its cluster master is down); the others are unaffected.
         """
-        pipe = self._client.pipeline(transaction=True)
-        for thread, after in cursors:
-            pipe.hmget(meta_key(self.prefix, thread), ["epoch", "trimmed"])
-            if offset_key(after) == _MAX_OFFSET:
-                pipe.xrange(stream_key(self.prefix, thread), min="+", max="+", count=0)
-            elif limit is None:
-                pipe.xrange(stream_key(self.prefix, thread), min=f"({after}")
-            else:
-                pipe.xrange(stream_key(self.prefix, thread), min=f"({after}", count=limit)
-        results = await self._call(pipe.execute(raise_on_error=False))
+        results: list[Any]
+        if self._cluster is not None:
+            results = []
+            for reply in await self._call(self._cluster.read_pages(cursors, limit)):
+                results += [reply, reply] if isinstance(reply, Exception) else [reply[:2], reply[2]]
+        else:
+            pipe = self._client.pipeline(transaction=True)
+            for thread, after in cursors:
+                pipe.hmget(meta_key(self.prefix, thread), ["epoch", "trimmed"])
+                if offset_key(after) == _MAX_OFFSET:
+                    pipe.xrange(stream_key(self.prefix, thread), min="+", max="+", count=0)
+                elif limit is None:
+                    pipe.xrange(stream_key(self.prefix, thread), min=f"({after}")
+                else:
+                    pipe.xrange(stream_key(self.prefix, thread), min=f"({after}", count=limit)
+            results = await self._call(pipe.execute(raise_on_error=False))
         pages: list[_Page | StoreError] = []
         for i, (thread, _) in enumerate(cursors):
             meta, raw = results[2 * i], results[2 * i + 1]
             failed = next((r for r in (meta, raw) if isinstance(r, Exception)), None)
+            if failed is not None and _unavailable(failed, cluster=self._cluster is not None):
+                pages.append(self._failure(failed))
+                continue
             if failed is not None:
                 pages.append(StoreError(f"thread {thread!r}: Redis error: {failed}"))
                 continue
@@ -1730,6 +1940,10 @@ class RedisStore:
         pattern = f"{self.prefix}:{{*}}:events"
         head, tail = len(self.prefix) + 2, len("}:events")
         found: set[str] = set()
+        if self._cluster is not None:
+            for key in await self._call(self._cluster.scan(pattern, limit)):
+                found.add(_text(key)[head:-tail])
+            return sorted(found)[:limit]
         cursor: Any = 0
         while True:
             cursor, keys = await self._call(
@@ -1749,6 +1963,12 @@ class RedisStore:
             ids_key(self.prefix, thread),
             checkpoint_key(self.prefix, thread),
         ]
+        channel = notify_channel(self.prefix, thread)
+        if self._cluster is not None:
+            # No tenant sets on a cluster (no quota there): the thread's keys only.
+            removed = await self._call(self._client.delete(*keys))
+            await self._call(self._client.spublish(channel, "deleted"))
+            return bool(removed)
         pipe = self._client.pipeline(transaction=True)
         pipe.delete(*keys)
         # Its slot in the tenant's quota is free at once (also when the quota
@@ -1756,7 +1976,7 @@ class RedisStore:
         pipe.srem(tenant_key(self.prefix, tenant_of(thread)), thread)
         removed, _ = await self._call(pipe.execute())
         # Tell live readers, so their subscribers learn of the reset now.
-        await self._call(self._client.publish(notify_channel(self.prefix, thread), "deleted"))
+        await self._call(self._client.publish(channel, "deleted"))
         return bool(removed)
 
     async def put_checkpoint(self, thread: str, checkpoint: Checkpoint) -> None:
@@ -1784,7 +2004,11 @@ class RedisStore:
         return Checkpoint(_text(offset), _text(epoch), events, complete == b"1")
 
     async def ping(self) -> None:
-        await self._call(self._client.ping(), "PING")
+        """:class:`StoreUnavailable` unless Redis answers (on a cluster: every master)."""
+        if self._cluster is not None:
+            await self._call(self._cluster.ping(), "PING")
+        else:
+            await self._call(self._client.ping(), "PING")
 
     async def durability_warnings(self) -> list[str]:
         """Warnings about Redis settings that break the store's promises.
@@ -1792,33 +2016,49 @@ class RedisStore:
         Reads ``appendonly``, ``appendfsync``, ``save``, ``maxmemory`` and
         ``maxmemory-policy`` with CONFIG GET; a Redis that does not allow it
         (managed services) gets one warning saying so. See docs/store.md,
-        "Redis settings the store needs".
+        "Redis settings the store needs". On Redis Cluster every master is
+        checked, and each warning names the master.
         """
         names = ("appendonly", "appendfsync", "save", "maxmemory", "maxmemory-policy")
-        pipe = self._client.pipeline(transaction=False)
-        for name in names:
-            pipe.config_get(name)
-        replies = await self._call(pipe.execute(raise_on_error=False), "CONFIG GET")
-        refused = next((r for r in replies if isinstance(r, Exception)), None)
-        settings: dict[str, str] = {}
-        for reply in replies:
-            if isinstance(reply, dict):
-                settings.update({_text(k): _text(v) for k, v in reply.items()})
-        if refused is not None or any(name not in settings for name in names):
-            why = f"CONFIG GET failed: {refused}" if refused is not None else "incomplete reply"
-            return [
-                f"Redis at {self.url} does not let the store read its settings ({why}); "
-                "check by hand that appendonly is yes and maxmemory-policy is noeviction "
-                "(docs/store.md, 'Redis settings the store needs')."
-            ]
-        return durability_problems(settings, self.url, uses_ttl=self.retention.ttl > 0)
+        per_server: dict[str, list[Any]]
+        if self._cluster is not None:
+            per_server = await self._call(self._cluster.config_get(names), "CONFIG GET")
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.config_get(name)
+            replies = await self._call(pipe.execute(raise_on_error=False), "CONFIG GET")
+            per_server = {self.url: replies}
+        warnings: list[str] = []
+        for where, replies in per_server.items():
+            refused = next((r for r in replies if isinstance(r, Exception)), None)
+            settings: dict[str, str] = {}
+            for reply in replies:
+                if isinstance(reply, dict):
+                    settings.update({_text(k): _text(v) for k, v in reply.items()})
+            if refused is not None or any(name not in settings for name in names):
+                why = f"CONFIG GET failed: {refused}" if refused is not None else "incomplete reply"
+                warnings.append(
+                    f"Redis at {where} does not let the store read its settings ({why}); "
+                    "check by hand that appendonly is yes and maxmemory-policy is noeviction "
+                    "(docs/store.md, 'Redis settings the store needs')."
+                )
+                continue
+            warnings += durability_problems(settings, where, uses_ttl=self.retention.ttl > 0)
+        return warnings
 
     async def close(self) -> None:
-        if self._committer is not None and not self._committer.done():
-            await asyncio.wait([self._committer], timeout=self.op_timeout)
+        committing = [
+            lane.committer
+            for lane in self._lanes.values()
+            if lane.committer is not None and not lane.committer.done()
+        ]
+        if committing:
+            await asyncio.wait(committing, timeout=self.op_timeout)
         await self._reader.close()
         await self._client.aclose()
-        await self._client.connection_pool.disconnect()
+        if self._cluster is None:
+            await self._client.connection_pool.disconnect()
 
 
 def durability_problems(settings: dict[str, str], where: str, *, uses_ttl: bool) -> list[str]:

@@ -898,8 +898,14 @@ class ThreadState:
         for tracked in (self.open_messages, self.open_reasoning_messages):
             for message_id in [k for k in tracked if k not in ids]:
                 del tracked[message_id]
-        for call_id in [k for k in self.open_tool_calls if k not in self._calls]:
-            del self.open_tool_calls[call_id]
+        for call_id, opened in list(self.open_tool_calls.items()):
+            found = self._calls.get(call_id)
+            if found is None:
+                del self.open_tool_calls[call_id]
+            else:
+                # The snapshot may hold the call under another message than the one
+                # it was started in: further args go there, and a reopener says so.
+                opened["parentMessageId"] = found[0]["id"]
 
     def _find_tool_call(self, tool_call_id: str) -> tuple[Msg, Msg] | None:
         return self._calls.get(tool_call_id)

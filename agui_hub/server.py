@@ -5,8 +5,10 @@ A thin I/O layer over :mod:`agui_hub.protocol` (what frames mean) and
 server. Per connection: one task reads and handles commands in order; the
 bounded send queue is written to the socket at the end of each turn of the
 event loop, or by the connection's writer task while the socket is full.
-Plain HTTP on the same port answers ``/healthz`` and ``/readyz``, and serves
-the viewer page and the browser client (:data:`STATIC_PATHS`).
+Plain HTTP on the same port answers ``/healthz`` and ``/readyz``, serves
+the viewer page and the browser client (:data:`STATIC_PATHS`), Prometheus
+metrics at ``/metrics`` (:mod:`agui_hub.metrics`) and, for an admin, the
+store's threads at ``/admin/threads`` (docs/metrics.md).
 
 Every connection has an :class:`~agui_hub.auth.Identity` (from its
 handshake's token, an ``auth`` command, or anonymous access where that is
@@ -26,6 +28,7 @@ import enum
 import hashlib
 import http
 import ipaddress
+import json
 import logging
 import math
 import signal
@@ -33,10 +36,11 @@ import ssl
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from websockets.asyncio import connection as ws_connection
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -46,6 +50,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from .auth import (
+    ANONYMOUS_SUBJECT,
     Action,
     Anonymous,
     Authenticator,
@@ -79,7 +84,9 @@ from .errors import (
     StoreUnavailable,
     Unauthorized,
 )
-from .hub import Hub
+from .hub import Hub, Phase
+from .metrics import Figures, GatewayMetrics
+from .offsets import check_thread, offset_key
 from .protocol import (
     SUBPROTOCOLS,
     Auth,
@@ -87,6 +94,7 @@ from .protocol import (
     Command,
     CommandError,
     Ping,
+    Position,
     Publish,
     Subscribe,
     Unsubscribe,
@@ -100,7 +108,7 @@ from .protocol import (
     unsubscribed_frame,
 )
 from .reducer import StateLimits
-from .store import ThreadStore, open_store, redact_url
+from .store import ThreadInfo, ThreadStore, open_store, redact_url
 
 __all__ = ["Gateway", "GatewayConfig", "raise_open_file_limit"]
 
@@ -235,6 +243,7 @@ WRITE_BATCH_BYTES = 256 * 1024
 REPLY_QUEUE_FACTOR = 2
 """A connection whose queue would hold more than this many times its bound is
 closed as a slow consumer (4000): it keeps asking for frames it does not read."""
+
 
 FRAME_LIMIT_FACTOR = 4
 """The WebSocket frame limit is this many times ``max_frame_bytes``: a command
@@ -480,6 +489,7 @@ class Connection:
 
     def close_soon(self, code: CloseCode, reason: str) -> None:
         if self.state is ConnectionState.OPEN:
+            self.gateway.counters.closes[int(code)] += 1
             self.state = ConnectionState.CLOSING
             self._queue.clear()
             self._queued_bytes = 0
@@ -569,6 +579,7 @@ class Connection:
                 self.remote,
                 self.gateway.write_timeout,
             )
+            self.gateway.counters.stalled += 1
             self._watchdog = None
             transport.abort()
             return
@@ -577,6 +588,8 @@ class Connection:
         )
 
     def reply(self, frame: dict[str, Any]) -> None:
+        if frame["type"] == "error":  # a reply, never an event: not the fan-out path
+            self.gateway.counters.errors[frame["code"]] += 1
         self.send(encode_frame(frame, self.encoding))
 
     async def receive(self, data: bytes | str) -> None:
@@ -593,10 +606,12 @@ class Connection:
         except CommandError as exc:
             # Malformed frames count too: what a client sends is bounded in
             # the work it causes, not only in its size.
+            gateway.counters.command_types[CommandError] += 1
             await self._paced(self._commands, 1)
             self.reply(error_frame(exc.code, str(exc), exc.command_id))
             return
         gateway.counters.commands += 1
+        gateway.counters.command_types[type(command)] += 1
         if isinstance(command, Auth):
             # A signature check each: refused past the rate, never paced (and
             # failures are counted towards the close).
@@ -621,6 +636,8 @@ class Connection:
             await self.authenticate(command)
             return
         if self.identity is None:
+            if isinstance(command, Publish):
+                gateway.counters.publish_errors["unauthorized"] += 1
             self.reply(
                 error_frame(
                     "unauthorized",
@@ -858,6 +875,8 @@ class Connection:
                     await asyncio.wait([after])
                 self.reply(published_frame(command.id, thread, offsets))
         except AguiHubError as exc:
+            if isinstance(command, Publish):
+                gateway.counters.publish_errors[exc.code] += 1
             index = exc.index if isinstance(exc, ProtocolError) else None
             retry = exc.retry_after if isinstance(exc, RateLimited) else None
             if after is not None and not after.done():
@@ -879,11 +898,23 @@ class Connection:
             return
         self.threads.add(thread)
         try:
-            await gateway.hub.subscribe(self, thread, command.id, command.start, command.run)
+            recovered = await gateway.hub.subscribe(
+                self, thread, command.id, command.start, command.run
+            )
         except BaseException:
             self.threads.discard(thread)
             gateway.hub.unsubscribe(self, thread)
             raise
+        if (
+            isinstance(command.start, Position)
+            and self.state is ConnectionState.OPEN
+            and thread in self.threads
+        ):
+            # A client resuming (and still here): did it get every event after its position?
+            if recovered:
+                gateway.counters.resumes_complete += 1
+            else:
+                gateway.counters.resumes_incomplete += 1
         if self.state is not ConnectionState.OPEN:
             # Gone while it subscribed: forget() ran before the thread was ours.
             gateway.hub.unsubscribe(self, thread)
@@ -1043,8 +1074,11 @@ class Gateway:
             if config.store
             else (repr(store) if store is not None else "memory://")
         )
+        self.metrics = GatewayMetrics(self.figures) if config.metrics else None
+        """The ``/metrics`` registry (``None``: the ``metrics`` setting is off)."""
         self.hub = Hub(
-            self.store,
+            # The hub's store calls are timed at this seam (the store modules know nothing of it).
+            self.metrics.timed(self.store) if self.metrics is not None else self.store,
             limits=StateLimits(max_depth=config.state_max_depth, max_bytes=config.state_max_bytes),
             max_event_bytes=config.max_event_bytes,
         )
@@ -1076,6 +1110,10 @@ class Gateway:
         self.counters = Counters()
         """What the gateway did since it started (the minute's summary line)."""
         self._summary: asyncio.Task[None] | None = None
+        self._loop_watch: asyncio.Task[None] | None = None
+        self._store_checked_at = -math.inf
+        """When the store was last checked (monotonic); a scrape checks it again after
+        METRICS_STORE_CHECK."""
         self._unflushed: list[Connection] = []
         """Connections that got frames in this turn of the event loop, to flush at its end."""
         self.static = load_static(config.viewer)
@@ -1146,6 +1184,7 @@ class Gateway:
         text: str,
         headers: Mapping[str, str] | None = None,
     ) -> Response:
+        self.counters.refusals[status.value] += 1
         response = ws.respond(status, f"agui-hub: {text}\n")
         for name, value in (headers or {}).items():
             response.headers[name] = value
@@ -1220,6 +1259,7 @@ class Gateway:
 
     async def check_store(self) -> bool:
         """Ping the store and read its settings; remember why it is not usable."""
+        self._store_checked_at = time.monotonic()
         try:
             await asyncio.wait_for(self.store.ping(), STORE_CHECK_TIMEOUT)
             self.store_warnings = await asyncio.wait_for(
@@ -1295,16 +1335,100 @@ class Gateway:
             )
             last = now
 
+    # Metrics ---------------------------------------------------------------------------------
+
+    @property
+    def _unauthenticated(self) -> bool:
+        """Whether nobody authenticates here (every connection is anonymous)."""
+        return isinstance(self.authenticator, Anonymous)
+
+    def figures(self) -> Figures:
+        """What ``/metrics`` reports now (docs/metrics.md), read from the counters and
+        the state the gateway keeps anyway: one pass over the connections and the
+        live threads' subscribers, nothing computed per frame."""
+        counters = self.counters
+        encodings: Counter[str] = Counter()
+        queued = 0
+        for conn in self.connections:
+            encodings[conn.encoding.value] += 1
+            queued += conn._queued_bytes
+        subscriptions = catching_up = 0
+        for channel in self.hub.channels.values():
+            subscriptions += len(channel.members)
+            for member in channel.members.values():
+                if member.phase is Phase.CATCHING_UP:
+                    catching_up += 1
+        backlog, lag = self._live_backlog()
+        closes = counters.closes
+        return Figures(
+            connections=encodings,
+            connections_limit=self.max_connections,
+            connections_opened=counters.opened,
+            connections_closed=counters.closed,
+            closes=dict(closes),
+            slow_consumers={
+                "queue": closes[CloseCode.SLOW_CONSUMER.value],
+                "stalled": counters.stalled,
+            },
+            refusals=dict(counters.refusals),
+            sockets_dropped=self.refused_sockets,
+            subscriptions=subscriptions,
+            catching_up=catching_up,
+            live_threads=len(self.hub.channels),
+            resumes={
+                "complete": counters.resumes_complete,
+                "incomplete": counters.resumes_incomplete,
+            },
+            frames_sent=counters.frames_out,
+            bytes_sent=counters.bytes_out,
+            send_queue_bytes=queued,
+            commands={COMMAND_NAMES[kind]: n for kind, n in counters.command_types.items()},
+            errors=dict(counters.errors),
+            events_published=counters.events_in,
+            publish_errors=dict(counters.publish_errors),
+            live_backlog_entries=backlog,
+            live_lag_seconds=lag,
+            recent_bytes=self.hub.recent_bytes,
+            store_up=self.store_problem is None,
+        )
+
+    def _live_backlog(self) -> tuple[int, float]:
+        """(entries, seconds): what the live threads' store feeds hold that their
+        channels have not relayed yet, and how long ago the oldest of it was stored.
+
+        The channel's feed is where the store's live reader puts new entries and
+        the channel takes them from: entries pile up there only when the
+        gateway falls behind the store. An offset is the store's clock at the
+        append (milliseconds), so the age is measured against this machine's
+        clock: skew between the two shows as lag (or hides it).
+        """
+        entries = 0
+        oldest: int | None = None
+        for channel in self.hub.channels.values():
+            waiting, first = channel.backlog()
+            if first is not None:
+                entries += waiting
+                stored = offset_key(first)[0]
+                oldest = stored if oldest is None else min(oldest, stored)
+        if oldest is None:
+            return entries, 0.0
+        return entries, max(0.0, time.time() - oldest / 1000)
+
     # HTTP side -------------------------------------------------------------------------------
 
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         self.silent.pop(ws, None)  # type: ignore[call-overload]
         # websockets < 15 refuses other methods than GET while parsing the request.
         method = getattr(request, "method", "GET")
-        if method not in ("GET", "HEAD"):
+        path = request.path.split("?", 1)[0]
+        operator = path == METRICS_PATH or path.startswith(ADMIN_PREFIX)
+        if method not in ("GET", "HEAD") and not operator:
             return self._method_not_allowed(ws, method)
         try:
-            response = await self._answer(ws, request)
+            if operator:
+                response: Response | None = await self._operator(ws, request, method, path)
+            else:
+                response = await self._answer(ws, request)
         except MultipleValuesError as exc:
             # Two Authorization, Origin or Host headers: ambiguous, refused.
             return ws.respond(
@@ -1324,6 +1448,206 @@ class Gateway:
         )
         response.headers["Allow"] = "GET, HEAD"
         return response
+
+    # Operator endpoints: /metrics and /admin/ (docs/metrics.md) -------------------------------
+
+    async def _operator(
+        self, ws: ServerConnection, request: Request, method: str, path: str
+    ) -> Response:
+        """Answer ``/metrics`` or an admin request; a refusal says why (text for
+        ``/metrics``, JSON for ``/admin/``), never with a traceback."""
+        try:
+            if path == METRICS_PATH:
+                return await self._serve_metrics(request, method)
+            return await self._serve_admin(request, method, path)
+        except _Refusal as refusal:
+            if refusal.status in (http.HTTPStatus.UNAUTHORIZED, http.HTTPStatus.FORBIDDEN):
+                log.info("%s %s from %s refused: %s", method, path, _address(ws), refusal)
+            return refusal.response(ws, as_json=path != METRICS_PATH)
+
+    async def _serve_metrics(self, request: Request, method: str) -> Response:
+        if method not in ("GET", "HEAD"):
+            raise _Refusal.method(method, METRICS_PATH, ("GET", "HEAD"))
+        if self.metrics is None:
+            raise _Refusal(
+                http.HTTPStatus.NOT_FOUND,
+                "not_found",
+                "metrics are off on this gateway (the metrics setting)",
+            )
+        if not (self.config.metrics_public or self._unauthenticated):
+            await self._admin_subject(request, METRICS_PATH)
+        if time.monotonic() - self._store_checked_at >= METRICS_STORE_CHECK:
+            # agui_hub_store_up must not wait for a /readyz probe that may never come
+            # (compose, systemd): a scrape checks the store itself, at most this often.
+            await self.check_store()
+        body, content_type = self.metrics.exposition(request.headers.get("Accept"))
+        return _body_response(http.HTTPStatus.OK, body, content_type)
+
+    async def _serve_admin(self, request: Request, method: str, path: str) -> Response:
+        if path == ADMIN_THREADS:
+            allowed: tuple[str, ...] = ("GET", "HEAD")
+        elif path.startswith(ADMIN_THREADS + "/"):
+            allowed = ("GET", "HEAD", "DELETE")
+        else:
+            raise _Refusal(
+                http.HTTPStatus.NOT_FOUND,
+                "not_found",
+                f"nothing at {path}: GET {ADMIN_THREADS} lists the threads, "
+                f"{ADMIN_THREADS}/<thread> shows one (docs/metrics.md)",
+            )
+        if method not in allowed:
+            raise _Refusal.method(method, path, allowed)
+        subject = await self._admin_access(request)
+        try:
+            if path == ADMIN_THREADS:
+                return _json_response(http.HTTPStatus.OK, await self._thread_list(request.path))
+            thread = _admin_thread(path)
+            if method == "DELETE":
+                return await self._delete_thread(thread, subject)
+            info = await self.hub.store.info(thread)
+            if info is None:
+                raise _Refusal(
+                    http.HTTPStatus.NOT_FOUND, "not_found", f"no thread {thread!r} in the store"
+                )
+            return _json_response(http.HTTPStatus.OK, self._thread_record(info))
+        except StoreError as exc:
+            # The store's messages name it by its redacted URL: no password here.
+            raise _Refusal(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                exc.code,
+                f"the store did not answer: {exc}",
+                {"Retry-After": "5"},
+            ) from None
+
+    async def _admin_access(self, request: Request) -> str:
+        """Who makes an admin request (its token's subject); :class:`_Refusal` unless
+        it may: a token with the admin grant, or ``admin_anonymous`` on a gateway
+        without authentication (which the configuration allows on loopback only)."""
+        if not self._unauthenticated:
+            return await self._admin_subject(request, "the admin endpoints")
+        if self.config.admin_anonymous:
+            # No token stands for the caller: only what runs on this machine may ask,
+            # and a web page it has open must not. A page of another name that
+            # resolves here (DNS rebinding) sends that name as Host, and a page of
+            # another origin sends its Origin.
+            hosts = request.headers.get_all("Host")
+            host = urlsplit(f"//{hosts[0].strip()}").hostname if len(hosts) == 1 else None
+            if host is None or not (host == "localhost" or is_loopback(host)):
+                raise _Refusal(
+                    http.HTTPStatus.FORBIDDEN,
+                    "forbidden",
+                    "admin_anonymous serves requests to a loopback address only "
+                    "(Host: 127.0.0.1:PORT, [::1]:PORT or localhost:PORT)",
+                )
+            if request.headers.get_all("Origin") and not self._origin_allowed(request):
+                raise _Refusal(
+                    http.HTTPStatus.FORBIDDEN,
+                    "forbidden",
+                    "a web page of another origin may not use the admin endpoints",
+                )
+            return ANONYMOUS_SUBJECT
+        raise _Refusal(
+            http.HTTPStatus.FORBIDDEN,
+            "forbidden",
+            "the admin endpoints are off: this gateway has no authentication. On a loopback "
+            "host, admin_anonymous serves them without a token; elsewhere configure JWT and "
+            "use a token with the admin grant (docs/metrics.md)",
+        )
+
+    async def _admin_subject(self, request: Request, what: str) -> str:
+        """The subject of the request's bearer token if it grants admin; else
+        :class:`_Refusal` (401 without a valid token, 403 without the grant).
+
+        Only the ``Authorization`` header counts: a token in the query would
+        end up in access logs, and a cookie is sent by any page's request.
+        """
+        header = request.headers.get("Authorization")
+        if header is None:
+            raise _Refusal(
+                http.HTTPStatus.UNAUTHORIZED,
+                "unauthorized",
+                f"{what} need a token with the admin grant: send it as "
+                "Authorization: Bearer <token>",
+                {"WWW-Authenticate": 'Bearer realm="agui-hub"'},
+            )
+        try:
+            credentials = credentials_of("/", {"Authorization": header})
+            if credentials is None:
+                raise Unauthorized("no token")
+            identity = await self.authenticator.authenticate(credentials)
+        except Forbidden as exc:
+            raise _Refusal(http.HTTPStatus.FORBIDDEN, "forbidden", str(exc)) from None
+        except AguiHubError as exc:
+            raise _Refusal(
+                http.HTTPStatus.UNAUTHORIZED,
+                "unauthorized",
+                str(exc),
+                {"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            ) from None
+        if not identity.grants.admin:
+            raise _Refusal(
+                http.HTTPStatus.FORBIDDEN,
+                "forbidden",
+                f"the token of {identity.subject!r} does not grant admin: {what} need a "
+                'token whose grants claim holds "admin": true (docs/metrics.md)',
+            )
+        return identity.subject
+
+    async def _thread_list(self, target: str) -> dict[str, Any]:
+        """``GET /admin/threads``: at most ``limit`` threads of the store, the most
+        recently active first, and whether the store holds more."""
+        limit = _limit_of(target)
+        store = self.hub.store
+        names = await store.threads(limit + 1)
+        truncated = len(names) > limit
+        names = names[:limit]
+        infos: list[ThreadInfo] = []
+        for begin in range(0, len(names), ADMIN_INFO_CONCURRENCY):
+            chunk = names[begin : begin + ADMIN_INFO_CONCURRENCY]
+            found = await asyncio.gather(
+                *(_info_of(store, name) for name in chunk), return_exceptions=True
+            )
+            for item in found:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is not None:
+                    infos.append(item)
+        infos.sort(key=lambda info: (-(_activity_ms(info) or -1), info.thread))
+        return {
+            "threads": [self._thread_record(info) for info in infos],
+            "limit": limit,
+            "truncated": truncated,
+        }
+
+    def _thread_record(self, info: ThreadInfo) -> dict[str, Any]:
+        """*info* as JSON (the fields of ``agui-hub info --json``), with the
+        thread's subscribers on this gateway."""
+        channel = self.hub.channels.get(info.thread)
+        return {
+            "thread": info.thread,
+            "epoch": info.epoch,
+            "events": info.length,
+            "bytes": info.bytes,
+            "first": info.first,
+            "last": info.last,
+            "lastActivity": _utc(_activity_ms(info)),
+            "trimmed": info.trimmed,
+            "runId": info.run_id,
+            "ttl": round(info.ttl, 3) if info.ttl is not None else None,
+            "subscribers": len(channel.members) if channel is not None else 0,
+        }
+
+    async def _delete_thread(self, thread: str, subject: str) -> Response:
+        """``DELETE /admin/threads/<thread>``: the thread, its events, ids and
+        checkpoint; its viewers (on every gateway) are told by the store."""
+        if not await self.hub.store.delete(thread):
+            raise _Refusal(
+                http.HTTPStatus.NOT_FOUND,
+                "not_found",
+                f"no thread {thread!r} in the store: nothing deleted",
+            )
+        log.info("thread %r deleted over HTTP by %s", thread, subject)
+        return _json_response(http.HTTPStatus.OK, {"thread": thread, "deleted": True})
 
     async def _answer(self, ws: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -1548,6 +1872,8 @@ class Gateway:
         if isinstance(self.authenticator, JWTAuthenticator) or self._custom_auth:
             self._auth_watch = asyncio.create_task(self._watch_credentials())
         self._summary = asyncio.create_task(self._summarize())
+        if self.metrics is not None:
+            self._loop_watch = asyncio.create_task(self.metrics.watch_loop())
         port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
         self.config.port = port
         store = (
@@ -1563,6 +1889,7 @@ class Gateway:
         log.info("authentication: %s; at most %d connections (%d per address)",
                  self.describe_auth(), self.max_connections,
                  config.max_connections_per_address)  # fmt: skip
+        log.info("operations: %s", self.describe_operations())
         return self.server
 
     def describe_auth(self) -> str:
@@ -1579,6 +1906,23 @@ class Gateway:
             return f"{kind}, no anonymous access"
         return f"{kind}, anonymous: {_grants_text(anonymous.grants)}"
 
+    def describe_operations(self) -> str:
+        """One line on who may read ``/metrics`` and the admin endpoints (start-up log)."""
+        admin_grant = "a token with the admin grant"
+        if self.metrics is None:
+            metrics = "off"
+        elif self.config.metrics_public or self._unauthenticated:
+            metrics = "open"
+        else:
+            metrics = f"for {admin_grant}"
+        if not self._unauthenticated:
+            admin = f"for {admin_grant}"
+        elif self.config.admin_anonymous:
+            admin = "open (admin_anonymous, loopback)"
+        else:
+            admin = "off (no authentication; see admin_anonymous)"
+        return f"{METRICS_PATH} {metrics}; {ADMIN_THREADS} {admin}"
+
     async def drain(self) -> None:
         """Stop accepting, tell every client to resume elsewhere (1012), close the store."""
         self._draining = True
@@ -1588,6 +1932,8 @@ class Gateway:
             self._auth_watch.cancel()
         if self._summary is not None:
             self._summary.cancel()
+        if self._loop_watch is not None:
+            self._loop_watch.cancel()
         if self.server is not None:
             self.server.close(close_connections=False)
         for conn in list(self.connections):
@@ -1625,10 +1971,154 @@ class Gateway:
 SUMMARY_INTERVAL = 60 * SECONDS
 """How often the gateway logs its summary line."""
 
+METRICS_PATH = "/metrics"
+
+METRICS_STORE_CHECK = 5 * SECONDS
+"""A scrape checks the store (for ``agui_hub_store_up``) when the last check is older."""
+ADMIN_PREFIX = "/admin/"
+ADMIN_THREADS = "/admin/threads"
+DEFAULT_ADMIN_LIMIT = 100
+"""Threads ``GET /admin/threads`` lists without a ``limit``."""
+MAX_ADMIN_LIMIT = 1000
+"""Most threads one ``GET /admin/threads`` lists (each one is a store call)."""
+ADMIN_INFO_CONCURRENCY = 64
+"""Thread infos asked of the store at once (the Redis pool bounds the connections)."""
+
+
+class _Refusal(Exception):
+    """An operator request answered with an error status, a code and a message saying why."""
+
+    def __init__(
+        self,
+        status: http.HTTPStatus,
+        code: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.headers = dict(headers or {})
+
+    @classmethod
+    def method(cls, method: str, path: str, allowed: tuple[str, ...]) -> _Refusal:
+        return cls(
+            http.HTTPStatus.METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            f"{method} is not served at {path}: use {' or '.join(allowed)}",
+            {"Allow": ", ".join(allowed)},
+        )
+
+    def response(self, ws: ServerConnection, *, as_json: bool) -> Response:
+        if as_json:
+            response = _json_response(self.status, {"error": self.code, "message": str(self)})
+        else:
+            response = ws.respond(self.status, f"agui-hub: {self}\n")
+        for name, value in self.headers.items():
+            response.headers[name] = value
+        return response
+
+
+def _body_response(status: http.HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Connection", "close"),
+            ("Content-Length", str(len(body))),
+            ("Content-Type", content_type),
+            # Figures of this moment, and for an admin only: never kept by a cache.
+            ("Cache-Control", "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)
+
+
+def _json_response(status: http.HTTPStatus, payload: Any) -> Response:
+    # ASCII (\u escapes): any thread name a store holds is valid JSON this way.
+    body = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+    return _body_response(status, body, "application/json")
+
+
+def _admin_thread(path: str) -> str:
+    """The thread of ``/admin/threads/<thread>``: percent-decoded (``tenant-42%2Frun-1``,
+    or ``tenant-42/run-1`` as it is), and a valid thread name."""
+    raw = path[len(ADMIN_THREADS) + 1 :]
+    try:
+        return check_thread(unquote(raw, errors="strict"))
+    except UnicodeDecodeError:
+        raise _Refusal(
+            http.HTTPStatus.BAD_REQUEST,
+            "bad_request",
+            "the thread in the path is not percent-encoded UTF-8",
+        ) from None
+    except AguiHubError as exc:
+        raise _Refusal(http.HTTPStatus.BAD_REQUEST, "bad_request", str(exc)) from None
+
+
+def _limit_of(target: str) -> int:
+    """The ``limit`` query parameter of *target* (``DEFAULT_ADMIN_LIMIT`` without one)."""
+    values = parse_qs(urlsplit(target).query, keep_blank_values=True).get("limit")
+    if not values:
+        return DEFAULT_ADMIN_LIMIT
+    raw = values[0]
+    # A handful of digits at most: int() of thousands of them raises (and costs).
+    if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+        raise _Refusal(
+            http.HTTPStatus.BAD_REQUEST,
+            "bad_request",
+            f"limit is one whole number from 1 to {MAX_ADMIN_LIMIT}",
+        )
+    limit = int(raw)
+    if not 1 <= limit <= MAX_ADMIN_LIMIT:
+        raise _Refusal(
+            http.HTTPStatus.BAD_REQUEST,
+            "bad_request",
+            f"limit {limit} is out of range: 1 to {MAX_ADMIN_LIMIT} threads per request",
+        )
+    return limit
+
+
+async def _info_of(store: ThreadStore, name: str) -> ThreadInfo | None:
+    """The info of the listed thread *name*, ``None`` when it is gone or is not a
+    valid thread name (a stream key some other program wrote)."""
+    try:
+        return await store.info(name)
+    except StoreError:
+        raise
+    except AguiHubError:
+        return None
+
+
+def _activity_ms(info: ThreadInfo) -> int | None:
+    """When *info*'s thread last got an event: the milliseconds of its last offset."""
+    if info.last is None:
+        return None
+    try:
+        return offset_key(info.last)[0]
+    except AguiHubError:
+        return None
+
+
+def _utc(ms: int | None) -> str | None:
+    """*ms* since the Unix epoch in ISO 8601, UTC (``2026-12-04T15:23:49.123Z``)."""
+    if ms is None:
+        return None
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
 
 @dataclasses.dataclass
 class Counters:
-    """What a gateway did since it started."""
+    """What a gateway did since it started (the summary line, and ``/metrics``).
+
+    Plain integers bumped where things happen anyway, read when Prometheus
+    scrapes (:meth:`Gateway.figures`); ``frames_out`` and ``bytes_out`` once
+    per write, not per frame and viewer.
+    """
 
     opened: int = 0
     closed: int = 0
@@ -1636,6 +2126,31 @@ class Counters:
     events_in: int = 0
     frames_out: int = 0
     bytes_out: int = 0
+    resumes_complete: int = 0
+    resumes_incomplete: int = 0
+    stalled: int = 0
+    """Connections dropped because their socket took nothing for ``write_timeout``."""
+    # By kind, for /metrics only (the summary line compares the numbers above).
+    command_types: Counter[type] = dataclasses.field(default_factory=Counter, compare=False)
+    """Client frames by command class (:class:`CommandError`: not a command)."""
+    closes: Counter[int] = dataclasses.field(default_factory=Counter, compare=False)
+    """Connections the gateway closed, by close code."""
+    errors: Counter[str] = dataclasses.field(default_factory=Counter, compare=False)
+    """Error frames sent, by code."""
+    publish_errors: Counter[str] = dataclasses.field(default_factory=Counter, compare=False)
+    refusals: Counter[int] = dataclasses.field(default_factory=Counter, compare=False)
+    """WebSocket handshakes refused, by HTTP status."""
+
+
+COMMAND_NAMES: dict[type, str] = {
+    Subscribe: "subscribe",
+    Unsubscribe: "unsubscribe",
+    Publish: "publish",
+    Ping: "ping",
+    Auth: "auth",
+    CommandError: "invalid",
+}
+"""The ``type`` label of ``agui_hub_commands_total`` for each command class."""
 
 
 SERVER_HEADER = "agui-hub"

@@ -497,6 +497,12 @@ class FeedSubscription:
             self._last_key = offset_key(self._cursor)
             self.last = self._cursor
 
+    def backlog(self) -> tuple[int, Offset | None]:
+        """Entries received and not taken by the consumer yet, and the offset of the
+        oldest of them (``None`` when there is none): how far the consumer is behind."""
+        queue = self._queue
+        return len(queue), (queue[0].offset if queue else None)
+
     def __aiter__(self) -> FeedSubscription:
         return self
 
@@ -780,6 +786,10 @@ def _parse_retention(query: dict[str, list[str]]) -> Retention:
     return Retention(**{k: getattr(defaults, k) if v is None else v for k, v in values.items()})
 
 
+_REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
+"""Store URL schemes of the Redis store (``+cluster``: Redis Cluster, docs/cluster.md)."""
+
+
 def parse_store_url(url: str) -> StoreURL:
     """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&ttl=…``.
 
@@ -794,16 +804,17 @@ def parse_store_url(url: str) -> StoreURL:
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in {"memory", "redis", "rediss"}:
+    if scheme not in {"memory", *_REDIS_SCHEMES}:
         raise ValueError(
-            f"unsupported store URL {redact_url(url)!r}: "
-            "use memory://, redis://host:port/db or rediss://…"
+            f"unsupported store URL {redact_url(url)!r}: use memory://, "
+            "redis://host:port/db, rediss://… or, for Redis Cluster, "
+            "redis+cluster://host:port,host:port/"
         )
     query = parse_qs(parts.query, keep_blank_values=True)
     foreign = [name for name in query if name not in _OWN_OPTIONS]
     redis_url = None
-    if scheme in {"redis", "rediss"}:
-        check_redis_options(scheme, foreign)
+    if scheme in _REDIS_SCHEMES:
+        check_redis_options(scheme.removesuffix("+cluster"), foreign)
         # Pass the options redis-py understands through; keep ours.
         passthrough = "&".join(
             item

@@ -261,6 +261,7 @@ def test_walkthrough(backend: str, tmp_path: Path, terminals: list[Terminal]) ->
         for r in records
     ]
     if redis is not None:
+        operate(redis_port, tmp_path, env)
         # "Restarting ... Redis (even with kill -9) then loses nothing": AOF.
         redis.signal(signal.SIGKILL)
         redis.wait()
@@ -271,6 +272,24 @@ def test_walkthrough(backend: str, tmp_path: Path, terminals: list[Terminal]) ->
         assert "Traceback" not in hub.errors()
     hub.signal(signal.SIGTERM)
     assert hub.wait() == 0
+
+
+def operate(redis_port: int, tmp_path: Path, env: dict[str, str]) -> None:
+    """The README's operator commands against the walk-through's Redis (AOF): it keeps
+    the hub's promises, and the two threads are listed, the newest first."""
+    section = README.split("## Deploying and operating", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
+    check, threads = command_lines(block)
+    assert check.startswith("agui-hub check") and threads.startswith("agui-hub threads")
+    for name, command in (("check", check), ("threads", threads)):
+        terminal = Terminal(command.replace(":6379/", f":{redis_port}/"), tmp_path, env, name)
+        EXERCISED.add(command)
+        assert terminal.wait() == 0, terminal.output() + terminal.errors()
+        if name == "check":
+            assert "FAIL" not in terminal.output() and "appendonly" in terminal.output()
+        else:
+            listed = [line.split()[0] for line in terminal.output().splitlines()[1:] if line]
+            assert listed[:2] == ["demo-copy", "demo"], terminal.output()
 
 
 def replay_events(port: int, thread: str) -> list[dict[str, Any]]:

@@ -315,6 +315,36 @@ def test_compact_reopens_what_is_still_streaming() -> None:
         verifier.verify(event)
 
 
+def test_an_open_tool_call_a_snapshot_moves_to_another_message_reopens_there() -> None:
+    # Started without a parent (its own assistant message), then a MESSAGES_SNAPSHOT
+    # holds the same call under another message: the args that follow go there, and
+    # the compact sequence reopens it there.
+    events = [
+        RUN,
+        {"type": "TOOL_CALL_START", "toolCallId": "tc", "toolCallName": "f"},
+        {
+            "type": "MESSAGES_SNAPSHOT",
+            "messages": [
+                {
+                    "id": "a1",
+                    "role": "assistant",
+                    "toolCalls": [
+                        {"id": "tc", "type": "function", "function": {"name": "f", "arguments": ""}}
+                    ],
+                }
+            ],
+        },
+    ]
+    tail = [{"type": "TOOL_CALL_ARGS", "toolCallId": "tc", "delta": "{}"}]
+    full = fold(events)
+    assert full.open_tool_calls["tc"]["parentMessageId"] == "a1"
+    rebuilt = fold(full.compact())
+    assert rebuilt == full
+    continued = fold(tail, rebuilt)
+    assert continued == fold(tail, full)
+    assert continued.message("a1")["toolCalls"][0]["function"]["arguments"] == "{}"
+
+
 def test_compact_events_are_valid_wire_events() -> None:
     state = fold([RUN, *text("m1", "x"), {"type": "STATE_SNAPSHOT", "snapshot": {"a": 1}}])
     for event in state.compact():

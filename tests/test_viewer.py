@@ -86,11 +86,9 @@ async def http_get(
     gateway closes after answering); a HEAD's answer has no body, whatever its length."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT)
     try:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        writer.write(
-            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}"
-            "Connection: close\r\n\r\n".encode()
-        )
+        headers = {"Host": f"127.0.0.1:{port}", **(headers or {})}  # a Host given wins
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(f"{method} {path} HTTP/1.1\r\n{extra}Connection: close\r\n\r\n".encode())
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
         lines = head.decode("latin-1").split("\r\n")
