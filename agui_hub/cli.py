@@ -1331,31 +1331,6 @@ def _open_shared_store(url: str) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _activity_ms(info: ThreadInfo) -> int | None:
-    """When *info*'s thread last got an event: the ms part of its last offset."""
-    if info.last is None:
-        return None
-    try:
-        return offset_key(info.last)[0]
-    except AguiHubError:
-        return None
-
-
-def _utc(ms: int | None, *, precise: bool = False) -> str | None:
-    """*ms* since the epoch as ISO 8601 UTC (``2026-12-04T15:23:49Z``); None if impossible."""
-    from datetime import UTC, datetime
-
-    if ms is None:
-        return None
-    try:
-        moment = datetime.fromtimestamp(ms / 1000, UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-    if precise:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _size(count: int) -> str:
     """*count* bytes for people: ``512 B``, ``58.3 KiB``, ``1.2 GiB``."""
     value = float(count)
@@ -1378,20 +1353,10 @@ def _duration(seconds: float) -> str:
     return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
-def _info_record(info: ThreadInfo) -> dict[str, Any]:
-    """*info* as the JSON object ``threads --json`` and ``info --json`` print."""
-    return {
-        "thread": info.thread,
-        "epoch": info.epoch,
-        "events": info.length,
-        "bytes": info.bytes,
-        "first": info.first,
-        "last": info.last,
-        "lastActivity": _utc(_activity_ms(info), precise=True),
-        "trimmed": info.trimmed,
-        "runId": info.run_id,
-        "ttl": info.ttl,
-    }
+def _iso_utc(ms: int | None) -> str | None:
+    from .store import iso_utc  # the store module only when a command needs it
+
+    return iso_utc(ms)
 
 
 def _json_line(record: dict[str, Any]) -> str:
@@ -1439,11 +1404,11 @@ async def _threads(args: argparse.Namespace) -> int:
         infos = await _infos(store, names)
     finally:
         await store.close()
-    infos.sort(key=lambda info: (-(_activity_ms(info) or -1), info.thread))
+    infos.sort(key=lambda info: (-(info.last_activity or -1), info.thread))
     shown = infos[: args.limit]
     out = _Output(sys.stdout)
     if args.json:
-        out.write("".join(_json_line(_info_record(info)) for info in shown))
+        out.write("".join(_json_line(info.as_json()) for info in shown))
     elif shown:
         out.write(_threads_table(shown))
     where = redact_url(url)
@@ -1475,7 +1440,7 @@ def _threads_table(infos: Sequence[ThreadInfo]) -> str:
             _size(info.bytes),
             info.first or "-",
             info.last or "-",
-            _utc(_activity_ms(info)) or "-",
+            _iso_utc(info.last_activity) or "-",
             info.epoch,
         )
         for info in infos
@@ -1508,7 +1473,7 @@ async def _info(args: argparse.Namespace) -> int:
         print(f"agui-hub info: thread {thread!r} does not exist in {redact_url(url)}",
               file=sys.stderr)  # fmt: skip
         return 1
-    record = _info_record(info)
+    record = info.as_json()
     record["checkpoint"] = None
     if checkpoint is not None:
         record["checkpoint"] = {
@@ -1561,7 +1526,7 @@ def _describe_checkpoint(checkpoint: dict[str, Any] | None) -> str:
 def _describe_thread(info: ThreadInfo) -> str:
     """One line about *info*'s thread: what deleting it removes."""
     span = f", offsets {info.first} to {info.last}" if info.first and info.last else ""
-    activity = _utc(_activity_ms(info))
+    activity = _iso_utc(info.last_activity)
     when = f", last activity {activity}" if activity else ""
     return f"{info.length} events ({_size(info.bytes)}){span}{when}, epoch {info.epoch}"
 

@@ -36,7 +36,6 @@ import ssl
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
@@ -1612,7 +1611,7 @@ class Gateway:
                     raise item
                 if item is not None:
                     infos.append(item)
-        infos.sort(key=lambda info: (-(_activity_ms(info) or -1), info.thread))
+        infos.sort(key=lambda info: (-(info.last_activity or -1), info.thread))
         return {
             "threads": [self._thread_record(info) for info in infos],
             "limit": limit,
@@ -1624,15 +1623,7 @@ class Gateway:
         thread's subscribers on this gateway."""
         channel = self.hub.channels.get(info.thread)
         return {
-            "thread": info.thread,
-            "epoch": info.epoch,
-            "events": info.length,
-            "bytes": info.bytes,
-            "first": info.first,
-            "last": info.last,
-            "lastActivity": _utc(_activity_ms(info)),
-            "trimmed": info.trimmed,
-            "runId": info.run_id,
+            **info.as_json(),
             "ttl": round(info.ttl, 3) if info.ttl is not None else None,
             "subscribers": len(channel.members) if channel is not None else 0,
         }
@@ -2088,27 +2079,6 @@ async def _info_of(store: ThreadStore, name: str) -> ThreadInfo | None:
         raise
     except AguiHubError:
         return None
-
-
-def _activity_ms(info: ThreadInfo) -> int | None:
-    """When *info*'s thread last got an event: the milliseconds of its last offset."""
-    if info.last is None:
-        return None
-    try:
-        return offset_key(info.last)[0]
-    except AguiHubError:
-        return None
-
-
-def _utc(ms: int | None) -> str | None:
-    """*ms* since the Unix epoch in ISO 8601, UTC (``2026-12-04T15:23:49.123Z``)."""
-    if ms is None:
-        return None
-    try:
-        moment = datetime.fromtimestamp(ms / 1000, UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 @dataclasses.dataclass

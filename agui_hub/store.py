@@ -196,6 +196,49 @@ class ThreadInfo:
     bytes: int = 0
     """Bytes of event payloads (msgpack) the thread holds: what ``max_bytes`` bounds."""
 
+    @property
+    def last_activity(self) -> int | None:
+        """When the thread last got an event, in ms since the Unix epoch: the time
+        part of its last offset (``None`` without one)."""
+        if self.last is None:
+            return None
+        try:
+            return offset_key(self.last)[0]
+        except InvalidOffset:
+            return None
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``agui-hub info --json``, ``threads --json`` and ``/admin/threads``
+        show of the thread (``lastActivity`` in ISO 8601 UTC, to the millisecond)."""
+        return {
+            "thread": self.thread,
+            "epoch": self.epoch,
+            "events": self.length,
+            "bytes": self.bytes,
+            "first": self.first,
+            "last": self.last,
+            "lastActivity": iso_utc(self.last_activity, precise=True),
+            "trimmed": self.trimmed,
+            "runId": self.run_id,
+            "ttl": self.ttl,
+        }
+
+
+def iso_utc(ms: int | None, *, precise: bool = False) -> str | None:
+    """*ms* since the Unix epoch in ISO 8601 UTC (``2026-12-04T15:23:49Z``, or with
+    ``.123`` when *precise*); ``None`` for ``None`` or a time no calendar holds."""
+    from datetime import UTC, datetime
+
+    if ms is None:
+        return None
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    if precise:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:

@@ -30,12 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,6 +40,7 @@ from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
+from bench_store import free_port, start_redis  # the same redis-server, no persistence
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
@@ -51,26 +49,6 @@ from agui_hub.redis_store import RedisStore
 from agui_hub.store import EventInput
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_redis() -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="agui-sizing-")
-    proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    return proc, f"redis://127.0.0.1:{port}/0"
 
 
 async def wait_port(port: int, seconds: float = 15) -> None:
@@ -190,7 +168,6 @@ async def main() -> int:
     redis_proc, url = start_redis()
     rows: dict[str, list[float]] = {}
     try:
-        await wait_port(int(url.rsplit(":", 1)[1].split("/")[0]))
         for run in range(args.runs):
             figures = {
                 "gateway bytes per connection (memory store)": await gateway_per_connection(
