@@ -442,12 +442,10 @@ def _token_of(args: argparse.Namespace) -> str | None:
 
 def _url(args: argparse.Namespace, *, gateway_only: bool = False) -> str:
     url: str = args.url or os.environ.get("AGUI_HUB_URL") or DEFAULT_URL
+    from .store import REDIS_SCHEMES
+
     scheme = urlsplit(url).scheme.lower()
-    allowed = (
-        {"ws", "wss"}
-        if gateway_only
-        else {"ws", "wss", "redis", "rediss", "redis+cluster", "rediss+cluster"}
-    )
+    allowed = {"ws", "wss"} if gateway_only else {"ws", "wss", *REDIS_SCHEMES}
     if scheme not in allowed:
         if gateway_only:
             raise UsageError(f"{url!r}: give the gateway's ws:// URL")

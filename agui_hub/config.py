@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, JWTSettings
 from .codec import DEFAULT_MAX_SIZE
+from .store import REDIS_SCHEMES
 
 __all__ = [
     "GatewayConfig",
@@ -33,7 +34,7 @@ __all__ = [
 
 LOOPS = ("asyncio", "uvloop")
 """The event loops ``agui-hub serve`` can run on (the ``loop`` setting)."""
-SHARED_STORES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
+SHARED_STORES = REDIS_SCHEMES
 """Store schemes that several gateway processes can share (``workers`` > 1)."""
 
 KIB = 1024

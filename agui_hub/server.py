@@ -1440,13 +1440,13 @@ class Gateway:
 
     @staticmethod
     def _method_not_allowed(ws: ServerConnection, method: str) -> Response:
-        response = ws.respond(
+        return _Refusal(
             http.HTTPStatus.METHOD_NOT_ALLOWED,
-            f"agui-hub: {method} is not served here: GET (or HEAD) a page, or open a "
-            "WebSocket (a GET with Upgrade: websocket)\n",
-        )
-        response.headers["Allow"] = "GET, HEAD"
-        return response
+            "method_not_allowed",
+            f"{method} is not served here: GET (or HEAD) a page, or open a "
+            "WebSocket (a GET with Upgrade: websocket)",
+            {"Allow": "GET, HEAD"},
+        ).response(ws, as_json=False)
 
     # Operator endpoints: /metrics and /admin/ (docs/metrics.md) -------------------------------
 

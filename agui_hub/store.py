@@ -829,7 +829,7 @@ def _parse_retention(query: dict[str, list[str]]) -> Retention:
     return Retention(**{k: getattr(defaults, k) if v is None else v for k, v in values.items()})
 
 
-_REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
+REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
 """Store URL schemes of the Redis store (``+cluster``: Redis Cluster, docs/cluster.md)."""
 
 
@@ -847,7 +847,7 @@ def parse_store_url(url: str) -> StoreURL:
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in {"memory", *_REDIS_SCHEMES}:
+    if scheme not in {"memory", *REDIS_SCHEMES}:
         raise ValueError(
             f"unsupported store URL {redact_url(url)!r}: use memory://, "
             "redis://host:port/db, rediss://… or, for Redis Cluster, "
@@ -856,7 +856,7 @@ def parse_store_url(url: str) -> StoreURL:
     query = parse_qs(parts.query, keep_blank_values=True)
     foreign = [name for name in query if name not in _OWN_OPTIONS]
     redis_url = None
-    if scheme in _REDIS_SCHEMES:
+    if scheme in REDIS_SCHEMES:
         check_redis_options(scheme.removesuffix("+cluster"), foreign)
         # Pass the options redis-py understands through; keep ours.
         passthrough = "&".join(

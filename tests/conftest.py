@@ -22,6 +22,19 @@ TIMEOUT_SCALE = float(os.environ.get("AGUI_HUB_TEST_TIMEOUT_SCALE", "1"))
 """Multiply every wait in the tests by this on slow machines."""
 
 
+def in_ci() -> bool:
+    """Whether this is CI (``CI=true``), where .ci/run installed every tool the tests need."""
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def unusable(message: str) -> None:
+    """Skip the test, which cannot run here for the reason *message* gives; under CI fail
+    it instead: a tool CI should have installed is missing, and a skip would hide that."""
+    if in_ci():
+        pytest.fail(message + " (.ci/run should have done this)")
+    pytest.skip(message)
+
+
 def free_port() -> int:
     """A free loopback port below the ephemeral range.
 

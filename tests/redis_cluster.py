@@ -13,7 +13,6 @@ CI (``CI=true``) it fails them.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -26,23 +25,12 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from .conftest import TIMEOUT_SCALE, free_port
+from .conftest import TIMEOUT_SCALE, free_port, unusable
 
 NODE_TIMEOUT_MS = 1000
 """``cluster-node-timeout``: how long a master may be silent before its replica
 takes over (plus an election of about a second). Low, so that a failover in a
 test takes seconds."""
-
-
-def _under_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
-
-
-def _unusable(message: str) -> None:
-    """Skip (or, under CI, fail) the test that needs a cluster."""
-    if _under_ci():
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def command(port: int, *args: str, timeout: float = 5.0) -> str:
@@ -100,13 +88,13 @@ class RedisCluster:
         docs/cluster.md recommends no, so that a failover stalls only the
         threads of the failing master)."""
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-            _unusable("redis-server and redis-cli are not installed: apt-get install redis-server")
+            unusable("redis-server and redis-cli are not installed: apt-get install redis-server")
         version = subprocess.run(
             ["redis-server", "--version"], capture_output=True, check=False
         ).stdout.decode()
         number = version.partition("v=")[2].split()[0] if "v=" in version else "0"
         if tuple(int(p) for p in number.split(".")[:2] if p.isdigit()) < (7, 0):
-            _unusable(f"Redis Cluster tests need redis-server 7.0 or later, found {number}")
+            unusable(f"Redis Cluster tests need redis-server 7.0 or later, found {number}")
         self.workdir = workdir
         self.full_coverage = full_coverage
         self.masters = masters
@@ -147,7 +135,7 @@ class RedisCluster:
             if node.process.poll() is not None:
                 output = (node.workdir / "redis.log").read_text(errors="replace")
                 if "cluster" in output.lower():
-                    _unusable(f"redis-server has no cluster support here: {output[-500:]}")
+                    unusable(f"redis-server has no cluster support here: {output[-500:]}")
                 raise RuntimeError(f"redis-server exited at start: {output[-2000:]}")
             if command(node.port, "PING").strip() == "PONG":
                 return
