@@ -133,23 +133,32 @@ class Grants:
     publish: tuple[str, ...] = ()
     admin: bool = False
     """``/metrics`` and ``/admin/threads``: every thread's name and size, and deletion."""
+    run: tuple[str, ...] = ()
+    """Patterns of the upstream agents it may run (docs/bridge.md), in threads it may
+    publish into: ``*``, a name, or a prefix and ``*``."""
 
     def allows(self, action: Action, thread: str) -> bool:
         patterns = self.subscribe if action is Action.SUBSCRIBE else self.publish
         return any(pattern_matches(p, thread) for p in patterns)
 
+    def may_run(self, agent: str) -> bool:
+        """Whether the ``run`` grant covers upstream agent *agent*."""
+        return any(pattern_matches(p, agent) for p in self.run)
+
     def __bool__(self) -> bool:
-        return bool(self.subscribe or self.publish or self.admin)
+        return bool(self.subscribe or self.publish or self.admin or self.run)
 
     def as_json(self) -> dict[str, Any]:
         grants: dict[str, Any] = {"subscribe": list(self.subscribe), "publish": list(self.publish)}
         if self.admin:  # only then: the frame of every other identity stays as it was
             grants["admin"] = True
+        if self.run:
+            grants["run"] = list(self.run)
         return grants
 
     @classmethod
     def everything(cls) -> Grants:
-        return cls(("*",), ("*",))
+        return cls(("*",), ("*",), run=("*",))
 
     @classmethod
     def from_claim(cls, value: Any) -> Grants:
@@ -159,10 +168,10 @@ class Grants:
             return cls()
         if not isinstance(value, Mapping):
             raise ValueError('grants are {"subscribe": [patterns], "publish": [patterns]}')
-        unknown = set(value) - {"subscribe", "publish", "admin"}
+        unknown = set(value) - {"subscribe", "publish", "admin", "run"}
         if unknown:
             raise ValueError(
-                f"unknown grant {sorted(unknown)[0]!r}: use subscribe, publish and admin"
+                f"unknown grant {sorted(unknown)[0]!r}: use subscribe, publish, run and admin"
             )
         admin = value.get("admin", False)
         if not isinstance(admin, bool):
@@ -172,12 +181,19 @@ class Grants:
             _patterns(value.get("subscribe"), "subscribe"),
             _patterns(value.get("publish"), "publish"),
             admin,
+            _patterns(value.get("run"), "run"),
         )
 
     @classmethod
-    def from_lists(cls, subscribe: Iterable[str], publish: Iterable[str]) -> Grants:
-        """From two lists of patterns (e.g. the anonymous grants of the configuration)."""
-        return cls(_patterns(list(subscribe), "subscribe"), _patterns(list(publish), "publish"))
+    def from_lists(
+        cls, subscribe: Iterable[str], publish: Iterable[str], run: Iterable[str] = ()
+    ) -> Grants:
+        """From lists of patterns (e.g. the anonymous grants of the configuration)."""
+        return cls(
+            _patterns(list(subscribe), "subscribe"),
+            _patterns(list(publish), "publish"),
+            run=_patterns(list(run), "run"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +670,7 @@ def encode_token(
     subscribe: Iterable[str] = (),
     publish: Iterable[str] = (),
     admin: bool = False,
+    run: Iterable[str] = (),
     ttl: float = 3600.0,
     audience: str | None = None,
     issuer: str | None = None,
@@ -662,7 +679,8 @@ def encode_token(
     extra: Mapping[str, Any] | None = None,
 ) -> str:
     """An HS256 token for *subject* with these grants, valid *ttl* seconds; *admin*
-    adds the admin grant (``/metrics`` and ``/admin/…``, see docs/metrics.md).
+    adds the admin grant (``/metrics`` and ``/admin/…``, see docs/metrics.md); *run*
+    names the upstream agents it may run (docs/bridge.md).
 
     For development, tests and small deployments whose tokens the operator
     mints (``agui-hub token``); production usually has an identity provider.
@@ -671,7 +689,7 @@ def encode_token(
 
     import jwt
 
-    grants = Grants.from_lists(subscribe, publish)
+    grants = Grants.from_lists(subscribe, publish, run)
     issued = time.time() if now is None else now
     claims: dict[str, Any] = {
         "sub": subject,
@@ -681,6 +699,8 @@ def encode_token(
     }
     if admin:
         claims[grants_claim]["admin"] = True
+    if grants.run:
+        claims[grants_claim]["run"] = list(grants.run)
     if audience is not None:
         claims["aud"] = audience
     if issuer is not None:

@@ -1,5 +1,6 @@
-"""The ``agui-hub`` command line: serve, token, publish, tail, replay, demo, and the
-operator commands threads, info, delete and check (which read the shared store).
+"""The ``agui-hub`` command line: serve, token, publish, tail, replay, demo, run and
+cancel, and the operator commands threads, info, delete and check (which read the
+shared store).
 
 Exit status: 0 done, 1 the work failed (the hub is unreachable, an event was
 rejected, a thread does not exist, ...; the message on stderr says why), 2 a
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="threads it may publish into (repeat for more)")  # fmt: skip
     token.add_argument("--admin", action="store_true",
                        help="the admin grant (/metrics, /admin/...)")  # fmt: skip
+    token.add_argument("--run", action="append", default=[], metavar="PATTERN",
+                       help="upstream agents it may run (repeat; docs/bridge.md)")  # fmt: skip
     token.add_argument("--ttl", type=float, default=3600.0,
                        help="seconds until it expires (default 3600)")  # fmt: skip
     token.add_argument("--secret-file", help="file holding the secret (default "
@@ -203,6 +206,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--timeout", type=float, metavar="SECONDS",
                       help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
+    run = commands.add_parser(
+        "run",
+        help="run an upstream AG-UI agent in a thread, through the hub",
+        description="Ask a gateway to run upstream agent NAME (configured on the gateway "
+        "with --agents or --agents-file) in THREAD, and print the run as a transcript "
+        "until it ends. The gateway builds the agent's input from the thread: its messages "
+        "(plus --message), its state, and parentRunId its latest run. The run belongs to "
+        "the gateway: interrupting this command (or --detach) leaves it going, and every "
+        "viewer of the thread follows it. Exit status 0 when the run finishes, 1 when it "
+        "ends with RUN_ERROR.",
+    )
+    run.add_argument("--agent", required=True, metavar="NAME", help="the upstream agent")
+    run.add_argument("--thread", required=True, help="the thread to run it in")
+    run.add_argument("--message", action="append", default=[], metavar="TEXT",
+                     help="a user message to add before the run (repeat for more)")  # fmt: skip
+    run.add_argument("--run-id", help="the run's id (default: a new one)")
+    run.add_argument("--detach", action="store_true",
+                     help="print the run id and exit once the run is going")  # fmt: skip
+    run.add_argument("--url", help="the gateway, ws://HOST:PORT (default $AGUI_HUB_URL or "
+                     f"{DEFAULT_URL})")  # fmt: skip
+    run.add_argument("--token", help=TOKEN_HELP)
+    run.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
+    run.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel the bridged run going in a thread",
+        description="Cancel the run of an upstream agent going in THREAD: the gateway closes "
+        "its request to the agent and the run ends with RUN_ERROR AGUI_HUB_RUN_CANCELLED. "
+        "Send it to the gateway that started the run.",
+    )
+    cancel.add_argument("thread")
+    cancel.add_argument("--run-id", help="only this run")
+    cancel.add_argument("--abandoned", action="store_true",
+                        help="end a run the thread holds open that no gateway relays any "
+                        "more (its gateway crashed): appends RUN_ERROR "
+                        "AGUI_HUB_RUN_ABANDONED")  # fmt: skip
+    cancel.add_argument("--url", help="the gateway, ws://HOST:PORT (default $AGUI_HUB_URL or "
+                        f"{DEFAULT_URL})")  # fmt: skip
+    cancel.add_argument("--token", help=TOKEN_HELP)
+    cancel.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
     _add_operator_commands(commands)
     return parser
 
@@ -417,6 +463,7 @@ def _token(args: argparse.Namespace) -> int:
                 subscribe=args.subscribe,
                 publish=args.publish,
                 admin=args.admin,
+                run=args.run,
                 ttl=args.ttl,
                 audience=args.audience or os.environ.get("AGUI_HUB_JWT_AUDIENCE") or None,
                 issuer=args.issuer or os.environ.get("AGUI_HUB_JWT_ISSUER") or None,
@@ -1218,6 +1265,76 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- run, cancel ---------------------------------------------------------------------------------
+
+
+async def _run_agent(args: argparse.Namespace) -> int:
+    from .client import Subscribed, ThreadEvent
+    from .transcript import TranscriptView
+
+    thread = _thread(args.thread)
+    url = _url(args, gateway_only=True)
+    retry = _Retry("run", url, _timeout(args, DEFAULT_TIMEOUT))
+    messages = [
+        {"id": f"msg-{uuid.uuid4().hex}", "role": "user", "content": text} for text in args.message
+    ]
+    view = TranscriptView(color=_color(args.color, sys.stdout))
+    out = _Output(sys.stdout)
+    client = await _connect(url, retry, _token_of(args))
+    outcome: dict[str, Any] | None = None
+    try:
+        # Following from the live end before the run starts: none of its events is missed.
+        async with client.subscribe(thread, "live") as sub:
+            async for item in sub:
+                if isinstance(item, Subscribed):
+                    break
+            reply = await client.run(
+                thread, args.agent, messages=messages, run_id=args.run_id, timeout=retry.timeout
+            )
+            run_id = reply.get("runId")
+            cancel = shlex.join(["agui-hub", "cancel", thread])
+            if args.detach:
+                print(run_id)
+                print(f"agui-hub run: run {run_id} of {args.agent} is going in thread "
+                      f"{thread!r}; follow it with: {shlex.join(['agui-hub', 'tail', thread])}",
+                      file=sys.stderr)  # fmt: skip
+                return 0
+            print(f"agui-hub run: run {run_id} of {args.agent} in thread {thread!r} (Ctrl-C "
+                  f"stops following, the run goes on; stop it with: {cancel})",
+                  file=sys.stderr)  # fmt: skip
+            async for item in sub:
+                if isinstance(item, ThreadEvent):
+                    out.write(view.render(item.event))
+                    if item.event.get("type") in ("RUN_FINISHED", "RUN_ERROR"):
+                        outcome = item.event
+                        break
+    finally:
+        with contextlib.suppress(Exception):
+            out.write(view.close())
+        await client.close()
+    if outcome is not None and outcome["type"] == "RUN_ERROR":
+        code = outcome.get("code")
+        print(f"agui-hub run: the run ended with RUN_ERROR{f' {code}' if code else ''}: "
+              f"{outcome.get('message')}", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    thread = _thread(args.thread)
+    url = _url(args, gateway_only=True)
+    retry = _Retry("cancel", url, _timeout(args, DEFAULT_TIMEOUT))
+    client = await _connect(url, retry, _token_of(args))
+    try:
+        reply = await client.cancel(thread, args.run_id, abandoned=args.abandoned)
+    finally:
+        await client.close()
+    agent = f" of {reply['agent']}" if reply.get("agent") else ""
+    print(f"agui-hub cancel: run {reply.get('runId')}{agent} in thread {thread!r} "
+          f"{'ended' if args.abandoned else 'cancelled'}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 # -- operator commands: threads, info, delete, check -------------------------------------------
 
 STORE_HELP = (
@@ -1812,6 +1929,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tail": _tail,
         "replay": _replay,
         "demo": _demo,
+        "run": _run_agent,
+        "cancel": _cancel,
         "threads": _threads,
         "info": _info,
         "delete": _delete,

@@ -1130,6 +1130,82 @@ class HubClient:
         self._adopt(token, result.expires)
         return result
 
+    async def run(
+        self,
+        thread: str,
+        agent: str,
+        *,
+        messages: Iterable[Any] = (),
+        state: Any = None,
+        tools: Iterable[Any] = (),
+        context: Iterable[Any] = (),
+        forwarded_props: Any = None,
+        run_id: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md).
+
+        The gateway builds the run's input from the thread (its messages, then
+        *messages*; its state, unless *state* is given; ``parentRunId`` its
+        latest run) and relays the agent's events into the thread: subscribe
+        to follow them. Returns the ``running`` reply (``thread``, ``agent``,
+        ``runId``, ``parentRunId``) once the run is going. Raises
+        :class:`~agui_hub.errors.CommandRejected` with ``code``
+        ``unknown_agent``, ``run_active``, ``too_many_runs``, ``forbidden`` or
+        ``invalid_event`` (a message that is not AG-UI). Not sent again after a
+        dropped connection (pass *run_id* and check the thread before retrying).
+        """
+        check_thread(thread)
+        command: dict[str, Any] = {
+            "type": "run",
+            "thread": thread,
+            "agent": agent,
+            "messages": [_wire_message(m) for m in messages],
+            "tools": list(tools),
+            "context": list(context),
+        }
+        if state is not None:
+            command["state"] = state
+        if forwarded_props is not None:
+            command["forwardedProps"] = forwarded_props
+        if run_id is not None:
+            command["runId"] = run_id
+        deadline = asyncio.get_running_loop().time() + (
+            timeout if timeout is not None else self.open_timeout
+        )
+        return await self._request(command, deadline)
+
+    async def cancel(
+        self,
+        thread: str,
+        run_id: str | None = None,
+        *,
+        abandoned: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Cancel the bridged run going in *thread* (only *run_id*, when given).
+
+        Returns the ``cancelled`` reply once the run has ended (its RUN_ERROR
+        ``AGUI_HUB_RUN_CANCELLED`` is stored). Raises
+        :class:`~agui_hub.errors.CommandRejected` ``no_active_run`` when the
+        gateway runs none there (runs are cancelled on the gateway that started
+        them) or ``forbidden``.
+
+        With *abandoned*: end a run that the thread holds open and that no
+        gateway relays any more (its gateway crashed): a RUN_ERROR
+        ``AGUI_HUB_RUN_ABANDONED`` is appended (docs/bridge.md).
+        """
+        check_thread(thread)
+        command: dict[str, Any] = {"type": "cancel", "thread": thread}
+        if abandoned:
+            command["abandoned"] = True
+        if run_id is not None:
+            command["runId"] = run_id
+        deadline = asyncio.get_running_loop().time() + (
+            timeout if timeout is not None else max(self.open_timeout, 30.0)
+        )
+        return await self._request(command, deadline)
+
     def new_event_ids(self, count: int) -> list[str]:
         """Fresh event ids, unique to this client: ``<random prefix>-<counter>``."""
         return [f"{self._id_prefix}-{next(self._event_ids)}" for _ in range(count)]
@@ -1660,3 +1736,11 @@ class HubClient:
         self._fail_pending(error)
         for sub in self._subs.values():
             sub._fail(error)
+
+
+def _wire_message(message: Any) -> Any:
+    """A message model (ours or ``ag_ui.core``'s) as its wire dict; a dict as it is."""
+    dump = getattr(message, "model_dump", None)
+    if dump is not None:
+        return dump(mode="json", by_alias=True, exclude_none=True)
+    return message

@@ -17,12 +17,15 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, JWTSettings
 from .codec import DEFAULT_MAX_SIZE
 from .store import REDIS_SCHEMES
+
+if TYPE_CHECKING:
+    from .bridge import AgentEndpoint
 
 __all__ = [
     "GatewayConfig",
@@ -152,6 +155,23 @@ class GatewayConfig:
     and deletion) without a token, on a gateway without authentication listening
     on a loopback address only. With authentication they need the admin grant."""
 
+    # The HTTP bridge (docs/bridge.md) ----------------------------------------------------------
+    http_port: int | None = None
+    """Port of the HTTP listener: SSE streams of threads (``GET /threads/<thread>/events``)
+    and the endpoint a stock AG-UI ``HttpAgent`` runs upstream agents through
+    (``POST /agents/<name>``). Unset: no HTTP listener; 0: any free port."""
+    agents: str = ""
+    """Upstream AG-UI agents the hub may run, ``NAME=URL`` separated by commas."""
+    agents_file: str = ""
+    """A TOML or JSON file of upstream agents with headers (credentials) and timeouts."""
+    max_runs: int = 64
+    """Upstream runs one gateway process has going at once."""
+    max_input_bytes: int = 16 * MIB
+    """Largest RunAgentInput an HTTP client may POST."""
+    anonymous_run: str | None = None
+    """Comma-separated patterns of the agents a connection without a token may run
+    (default: every agent without JWT, none with JWT)."""
+
     def __post_init__(self) -> None:
         self.check()
 
@@ -169,6 +189,8 @@ class GatewayConfig:
             "max_connections",
             "max_connections_per_address",
             "workers",
+            "max_runs",
+            "max_input_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -188,6 +210,10 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be a positive number")
         if not math.isfinite(self.jwt_leeway) or self.jwt_leeway < 0:
             raise ValueError("jwt_leeway must be a non-negative number of seconds")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(
+                f"http_port {self.http_port} is not a TCP port (0 to 65535; 0: any free)"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both tls_cert and tls_key")
         if self.admin_anonymous and self.jwt_configured:
@@ -313,7 +339,7 @@ def _parse_setting(where: str, raw: str, kind: type, optional: bool = False) -> 
     try:
         if kind is bool:
             return _parse_bool(raw)
-        if optional and kind is float and raw.strip().lower() in {"none", "off"}:
+        if optional and kind in (float, int) and raw.strip().lower() in {"none", "off"}:
             return None
         return kind(raw)
     except ValueError:
@@ -365,6 +391,20 @@ def split_list(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+def build_agents(config: GatewayConfig) -> dict[str, AgentEndpoint]:
+    """The upstream agents *config* names (``agents`` and ``agents_file``); :class:`ValueError`
+    on a bad entry or a name given twice."""
+    from .bridge import load_agents, parse_agents
+
+    agents = parse_agents(config.agents)
+    if config.agents_file:
+        for name, agent in load_agents(config.agents_file).items():
+            if name in agents:
+                raise ValueError(f"agent {name!r} is in both agents and agents_file")
+            agents[name] = agent
+    return agents
+
+
 def build_authenticator(config: GatewayConfig) -> Authenticator:
     """The authenticator *config* describes. Raises :class:`ValueError` on a bad setting."""
     if not config.jwt_configured:
@@ -372,10 +412,12 @@ def build_authenticator(config: GatewayConfig) -> Authenticator:
             raise ValueError("jwt_cookie and revocation_file need a JWT key (e.g. jwt_secret)")
         subscribe = config.anonymous_subscribe
         publish = config.anonymous_publish
+        run = config.anonymous_run
         return Anonymous(
             Grants.from_lists(
                 split_list(subscribe) if subscribe is not None else ["*"],
                 split_list(publish) if publish is not None else ["*"],
+                split_list(run) if run is not None else ["*"],
             )
         )
     secret = config.jwt_secret or None
@@ -390,7 +432,9 @@ def build_authenticator(config: GatewayConfig) -> Authenticator:
             ) from None
     anonymous = (
         Grants.from_lists(
-            split_list(config.anonymous_subscribe), split_list(config.anonymous_publish)
+            split_list(config.anonymous_subscribe),
+            split_list(config.anonymous_publish),
+            split_list(config.anonymous_run),
         )
         if config.allow_anonymous
         else None
@@ -427,6 +471,20 @@ FD_RESERVE = 64
 HANDSHAKE_HEADROOM = 64
 """Sockets beyond ``max_connections`` that may be open at once: health checks,
 handshakes being refused, so that the gateway can still answer them when full."""
+
+
+def limit_key(host: str) -> str:
+    """A client address as the per-address limits count it: an IPv6 client by its
+    /64, which one host usually has whole; an IPv4-mapped one as IPv4."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -537,6 +595,18 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "admin_anonymous": "serve the admin endpoints (/admin/threads) without a token; only "
         "without authentication, on a loopback --host (default off: they need a token with "
         "the admin grant)",
+    },
+    "HTTP bridge (docs/bridge.md)": {
+        "http_port": "port of the HTTP listener: SSE streams of threads and POST "
+        "/agents/NAME for AG-UI HttpAgent clients (default: none, no HTTP listener; 0: any "
+        "free)",
+        "agents": "upstream AG-UI agents the hub may run, NAME=URL comma-separated (default: none)",
+        "agents_file": "TOML or JSON file of upstream agents with headers and timeouts "
+        "(default: none)",
+        "max_runs": "upstream runs going at once per process (default 64)",
+        "max_input_bytes": "largest RunAgentInput an HTTP client may POST (default 16 MiB)",
+        "anonymous_run": "agents a connection without a token may run, comma-separated "
+        "patterns (default: all without JWT, none with JWT)",
     },
 }
 """Every setting, grouped, with the help line of its flag (``agui-hub serve --help``)."""

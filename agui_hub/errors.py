@@ -28,6 +28,12 @@ the gateway puts into its error frames, and a message a person can act on.
         ├── OffsetExpired             events after the offset were trimmed; resync
         │   └── ThreadReset           the thread's stream was lost or re-created; resync
         └── SubscriptionLagged        a live feed was not read fast enough; resubscribe
+    └── BridgeError                   a run of an upstream agent (the HTTP bridge) was refused
+        ├── UnknownAgent              no upstream agent of that name is configured
+        ├── RunActive                 the thread has a run going; cancel it or wait
+        ├── TooManyRuns               the gateway runs as many upstream runs as it may
+        ├── NoActiveRun               a cancel for a thread without a bridged run here
+        └── UpstreamError             the upstream agent failed: its run ended with RUN_ERROR
     └── ClientError                   a client of the gateway (agui_hub.client) stopped
         ├── HubUnreachable            no connection to the gateway, and retrying gave up
         ├── ConnectionRejected        the gateway closed the connection for good (4401, 4403)
@@ -334,6 +340,52 @@ class SubscriptionLagged(StoreError):
         super().__init__(
             f"subscription to thread {thread!r} fell behind; resubscribe after offset {last}"
         )
+
+
+class BridgeError(AguiHubError):
+    """A run of an upstream agent (docs/bridge.md) could not start or be cancelled."""
+
+    code = "bridge_error"
+
+
+class UnknownAgent(BridgeError):
+    """No upstream agent of that name is configured on this gateway (``--agent NAME=URL``)."""
+
+    code = "unknown_agent"
+
+
+class RunActive(BridgeError):
+    """The thread has a run going: cancel it, or wait for its RUN_FINISHED / RUN_ERROR."""
+
+    code = "run_active"
+
+
+class TooManyRuns(BridgeError):
+    """The gateway has as many upstream runs going as ``max_runs`` allows; retry later."""
+
+    code = "too_many_runs"
+
+
+class NoActiveRun(BridgeError):
+    """A cancel for a thread that has no bridged run on this gateway (or not that run id)."""
+
+    code = "no_active_run"
+
+
+class UpstreamError(BridgeError):
+    """The upstream agent failed; :attr:`code` says how (``upstream_unreachable``,
+    ``upstream_status``, ``upstream_malformed``, ``upstream_invalid_event``,
+    ``upstream_closed``, ``upstream_timeout``; ``thread_changed`` when the thread was
+    reset or its run ended by another writer meanwhile). The run ended with a RUN_ERROR whose
+    ``code`` is ``AGUI_HUB_`` and this code in capitals, and whose message is this one."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+    @property
+    def run_error_code(self) -> str:
+        return "AGUI_HUB_" + self.code.upper()
 
 
 class ClientError(AguiHubError):

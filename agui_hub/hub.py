@@ -302,7 +302,9 @@ class ThreadChannel:
             f"thread {self.thread!r} was re-created {LOAD_ATTEMPTS} times while being read"
         )
 
-    async def _fold_stored(self) -> tuple[ThreadState, str | None, Offset, bool, _Recent]:
+    async def _fold_stored(
+        self, *, keep_recent: bool = True
+    ) -> tuple[ThreadState, str | None, Offset, bool, _Recent]:
         """(state, epoch, cursor, complete, latest entries) of the thread as stored now.
 
         From the thread's checkpoint when it has one of the same epoch, then
@@ -342,9 +344,14 @@ class ThreadChannel:
                     self.entry_size += (len(entry.data) - self.entry_size) // 16
                     if not self._fold_into(state, entry):
                         complete = False
-                    recent.add(offset_key(entry.offset), entry, len(entry.data) + ENTRY_OVERHEAD)
-                    while len(recent) > self._recent_entries or recent.size > self._recent_bytes:
-                        recent.drop_oldest()
+                    if keep_recent:
+                        recent.add(
+                            offset_key(entry.offset), entry, len(entry.data) + ENTRY_OVERHEAD
+                        )
+                        while (
+                            len(recent) > self._recent_entries or recent.size > self._recent_bytes
+                        ):
+                            recent.drop_oldest()
                     folded += 1
                     if folded % LOAD_PAGE == 0:
                         await asyncio.sleep(0)  # a long fold lets everything else run
@@ -1019,6 +1026,17 @@ class Hub:
     ) -> list[Offset]:
         """Validate, check the sequence, store: see :meth:`ThreadWriter.publish`."""
         return await self.writer.publish(thread, events, event_ids)
+
+    async def fold(self, thread: str) -> tuple[ThreadState, str | None, Offset]:
+        """The thread as stored now, folded: ``(state, epoch, cursor)``.
+
+        Read from its checkpoint on, as a channel loads; nothing is kept (the
+        HTTP bridge builds a run's input from it). Raises a
+        :class:`~agui_hub.errors.StoreError` when the store fails.
+        """
+        channel = ThreadChannel(self, thread)
+        state, epoch, cursor, _complete, _recent = await channel._fold_stored(keep_recent=False)
+        return state, epoch, cursor
 
     def stats(self) -> dict[str, int]:
         """Counts an operator (and the leak tests) look at."""

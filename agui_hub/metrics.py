@@ -65,7 +65,9 @@ every frame, reply and heartbeat of the process waits as long."""
 ENCODINGS = ("json", "msgpack")
 RESUME_OUTCOMES = ("complete", "incomplete")
 SLOW_CONSUMER_KINDS = ("queue", "stalled")
-COMMAND_TYPES = ("subscribe", "unsubscribe", "publish", "ping", "auth", "invalid")
+COMMAND_TYPES = (
+    "subscribe", "unsubscribe", "publish", "ping", "auth", "run", "cancel", "invalid",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,14 @@ class Figures:
     live_lag_seconds: float = 0.0
     recent_bytes: int = 0
     store_up: bool = True
+    bridge_runs: int = 0
+    """Upstream runs going (docs/bridge.md)."""
+    bridge_runs_started: int = 0
+    bridge_runs_ended: Mapping[str, int] = field(default_factory=dict)
+    """Ended upstream runs by outcome: ``finished``, ``error`` (the agent's RUN_ERROR), or
+    the code of the hub's RUN_ERROR (``AGUI_HUB_UPSTREAM_STATUS``, ...)."""
+    sse_streams: int = 0
+    """Open SSE responses of the HTTP listener."""
 
 
 # -- store calls --------------------------------------------------------------------------------
@@ -482,3 +492,19 @@ def _families(f: Figures) -> Iterator[Metric]:
         "/readyz), 0 when it did not.",
         1 if f.store_up else 0,
     )
+    yield _gauge("bridge_runs", "Runs of upstream agents going (docs/bridge.md).", f.bridge_runs)
+    yield _counter(
+        "bridge_runs_started_total", "Runs of upstream agents started.", f.bridge_runs_started
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            PREFIX + "bridge_runs_ended_total",
+            "Runs of upstream agents ended, by outcome: finished, error (the agent's own "
+            "RUN_ERROR), or the code of the RUN_ERROR the hub stored (AGUI_HUB_UPSTREAM_*, "
+            "AGUI_HUB_RUN_CANCELLED, ...).",
+            labels=["outcome"],
+        ),
+        f.bridge_runs_ended,
+        ("finished", "error"),
+    )
+    yield _gauge("sse_streams", "Open SSE responses of the HTTP listener.", f.sse_streams)

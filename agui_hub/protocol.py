@@ -178,7 +178,38 @@ class Auth:
     token: str = field(repr=False)
 
 
-Command = Subscribe | Unsubscribe | Publish | Ping | Auth
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Start a run of an upstream agent in a thread (the HTTP bridge, docs/bridge.md).
+
+    The input is built from the thread (its messages and state, ``parentRunId``
+    its latest run) with :attr:`messages` appended; :attr:`state`, when given,
+    replaces the thread's state.
+    """
+
+    id: Any
+    thread: str
+    agent: str
+    messages: list[Any] = field(default_factory=list)
+    state: Any = None
+    tools: list[Any] = field(default_factory=list)
+    context: list[Any] = field(default_factory=list)
+    forwarded_props: Any = None
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancel the bridged run going in a thread (only *run_id*, when given)."""
+
+    id: Any
+    thread: str
+    run_id: str | None = None
+    abandoned: bool = False
+    """End a run the thread holds open that no gateway relays (a crashed gateway's)."""
+
+
+Command = Subscribe | Unsubscribe | Publish | Ping | Auth | Run | Cancel
 
 MAX_TOKEN_CHARS = 8192
 
@@ -305,12 +336,55 @@ def parse_command(
                 command_id,
             )
         return Auth(command_id, token)
+    if kind == "run":
+        return _run_command(frame, command_id)
+    if kind == "cancel":
+        abandoned = frame.get("abandoned", False)
+        if not isinstance(abandoned, bool):
+            raise CommandError("bad_command", "abandoned must be true or false", command_id)
+        return Cancel(command_id, _thread(frame, command_id), _run_id(frame, command_id), abandoned)
     if kind is None:
         raise CommandError("bad_command", "a command needs a type", command_id)
     raise CommandError(
         "unknown_command",
-        f"unknown command {kind!r}: expected subscribe, unsubscribe, publish, ping or auth",
+        f"unknown command {kind!r}: expected subscribe, unsubscribe, publish, ping, auth, "
+        "run or cancel",
         command_id,
+    )
+
+
+def _run_id(frame: dict[str, Any], command_id: Any) -> str | None:
+    run_id = frame.get("runId")
+    if run_id is not None and (not isinstance(run_id, str) or not 0 < len(run_id) <= 256):
+        raise CommandError("bad_command", "runId must be a string of 1 to 256 chars", command_id)
+    return run_id
+
+
+def _run_command(frame: dict[str, Any], command_id: Any) -> Run:
+    thread = _thread(frame, command_id)
+    agent = frame.get("agent")
+    if not isinstance(agent, str) or not 0 < len(agent) <= 64:
+        raise CommandError("bad_command", "agent must be the name of an upstream agent", command_id)
+    lists = {}
+    for key in ("messages", "tools", "context"):
+        value = frame.get(key, [])
+        if not isinstance(value, list):
+            raise CommandError("bad_command", f"{key} must be a list", command_id)
+        if len(value) > MAX_EVENTS_PER_PUBLISH:
+            raise CommandError(
+                "bad_command", f"at most {MAX_EVENTS_PER_PUBLISH} {key} per run", command_id
+            )
+        lists[key] = value
+    return Run(
+        command_id,
+        thread,
+        agent,
+        lists["messages"],
+        frame.get("state"),
+        lists["tools"],
+        lists["context"],
+        frame.get("forwardedProps"),
+        _run_id(frame, command_id),
     )
 
 
@@ -357,6 +431,16 @@ def unsubscribed_frame(command_id: Any, thread: str) -> dict[str, Any]:
 
 def published_frame(command_id: Any, thread: str, offsets: list[Offset]) -> dict[str, Any]:
     return _with_id({"type": "published", "thread": thread, "offsets": offsets}, command_id)
+
+
+def running_frame(command_id: Any, run: dict[str, Any]) -> dict[str, Any]:
+    """The reply to ``run``: the run is going (its events follow in the thread)."""
+    return _with_id({"type": "running", **run}, command_id)
+
+
+def cancelled_frame(command_id: Any, run: dict[str, Any]) -> dict[str, Any]:
+    """The reply to ``cancel``: the run has ended (its RUN_ERROR is stored)."""
+    return _with_id({"type": "cancelled", **run}, command_id)
 
 
 def pong_frame(command_id: Any) -> dict[str, Any]:

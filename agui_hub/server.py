@@ -27,7 +27,6 @@ import email.utils
 import enum
 import hashlib
 import http
-import ipaddress
 import json
 import logging
 import math
@@ -62,14 +61,17 @@ from .auth import (
     credentials_of,
     scoped_event_id,
 )
+from .bridge import UPSTREAM_KEEPALIVE, Bridge, BridgedRun
 from .codec import Encoding
 from .config import (
     FD_RESERVE,
     HANDSHAKE_HEADROOM,
     SECONDS,
     GatewayConfig,
+    build_agents,
     build_authenticator,
     is_loopback,
+    limit_key,
     open_file_limit,
     raise_open_file_limit,
     split_list,
@@ -89,25 +91,30 @@ from .offsets import check_thread, offset_key
 from .protocol import (
     SUBPROTOCOLS,
     Auth,
+    Cancel,
     CloseCode,
     Command,
     CommandError,
     Ping,
     Position,
     Publish,
+    Run,
     Subscribe,
     Unsubscribe,
     authenticated_frame,
+    cancelled_frame,
     encode_frame,
     encoding_of,
     error_frame,
     parse_command,
     pong_frame,
     published_frame,
+    running_frame,
     unsubscribed_frame,
 )
 from .reducer import StateLimits
 from .store import ThreadInfo, ThreadStore, open_store, redact_url
+from .web import HttpListener
 
 __all__ = ["Gateway", "GatewayConfig", "raise_open_file_limit"]
 
@@ -293,6 +300,33 @@ def _frame_all(ws: ServerConnection, frames: list[bytes | str]) -> None:
             protocol.send_binary(frame)
 
 
+def _send_joined(ws: ServerConnection) -> None:
+    """What ``ws.send_data()`` does, in one ``transport.write`` for all the data.
+
+    ``send_data`` writes each frame's bytes on their own: with an empty buffer,
+    a system call per frame and connection. Joined, a burst of frames to one
+    socket costs one (docs/benchmarks.md has the fan-out before and after).
+    The end-of-stream marker (an empty chunk, when the protocol closes) is
+    handled as ``send_data`` handles it, after what comes before it.
+    """
+    chunks = ws.protocol.data_to_send()
+    if not chunks:
+        return
+    transport = ws.transport
+    if all(chunks):
+        transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return
+    end = chunks.index(b"")
+    if end:
+        transport.write(b"".join(chunks[:end]))
+    # Half-close (or close) as send_data does; nothing follows an end of stream.
+    if transport.can_write_eof():
+        with contextlib.suppress(Exception):
+            transport.write_eof()
+    else:
+        transport.close()
+
+
 def _resolve(future: asyncio.Future[None] | None) -> None:
     if future is not None and not future.done():
         future.set_result(None)
@@ -459,7 +493,7 @@ class Connection:
         frames = self._take()
         try:
             _frame_all(ws, frames)
-            ws.send_data()
+            _send_joined(ws)
         except Exception:
             # What send_context does with an unexpected error: the connection
             # is done for (the reader sees the close and cleans up). The
@@ -873,6 +907,20 @@ class Connection:
                 if after is not None and not after.done():
                     await asyncio.wait([after])
                 self.reply(published_frame(command.id, thread, offsets))
+            elif isinstance(command, Run):
+                thread = command.thread
+                run = await gateway.start_run(self.identity, command)
+                self.reply(running_frame(command.id, run.as_json()))
+            elif isinstance(command, Cancel):
+                thread = command.thread
+                if command.abandoned:
+                    run_id = await gateway.end_abandoned_run(self.identity, thread, command.run_id)
+                    record = {"thread": thread, "runId": run_id, "status": "ended"}
+                    self.reply(cancelled_frame(command.id, record))
+                else:
+                    run = gateway.cancel_run(self.identity, thread, command.run_id)
+                    await run.done.wait()
+                    self.reply(cancelled_frame(command.id, run.as_json()))
         except AguiHubError as exc:
             if isinstance(command, Publish):
                 gateway.counters.publish_errors[exc.code] += 1
@@ -986,19 +1034,9 @@ class RateLimit:
 
 
 def _address(ws: ServerConnection) -> str:
-    """The client's address as the per-address limit counts it: an IPv6 client
-    by its /64, which one host usually has whole."""
+    """The client's address as the per-address limit counts it (see :func:`limit_key`)."""
     remote = ws.remote_address
-    host = str(remote[0]) if isinstance(remote, tuple) and remote else str(remote)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
+    return limit_key(str(remote[0]) if isinstance(remote, tuple) and remote else str(remote))
 
 
 # -- the gateway ------------------------------------------------------------------------------
@@ -1081,6 +1119,17 @@ class Gateway:
             limits=StateLimits(max_depth=config.state_max_depth, max_bytes=config.state_max_bytes),
             max_event_bytes=config.max_event_bytes,
         )
+        self.bridge = Bridge(
+            self.hub,
+            build_agents(config),
+            max_runs=config.max_runs,
+            max_event_bytes=config.max_event_bytes,
+        )
+        """Runs of upstream AG-UI agents (docs/bridge.md)."""
+        self.http: HttpListener | None = None
+        """The HTTP listener (``http_port``): SSE streams and ``POST /agents/<name>``."""
+        self.http_connections = config.max_connections
+        """Connections the HTTP listener takes (fitted to the open-file limit at start)."""
         self.connections: set[Connection] = set()
         self.server: Server | None = None
         self._chores: set[asyncio.Future[Any]] = set()
@@ -1155,8 +1204,10 @@ class Gateway:
             else:
                 del self.per_address[address]
 
-    def _origin_allowed(self, request: Request) -> bool:
-        origins = request.headers.get_all("Origin")
+    def origin_allowed(self, headers: Headers) -> bool:
+        """Whether a request with these headers comes from no browser, or from an origin
+        that may call (``allowed_origins``, or a page of the gateway's own loopback address)."""
+        origins = headers.get_all("Origin")
         if not origins:
             return True  # not a browser: an Origin protects browsers' ambient credentials
         if len(origins) > 1:
@@ -1167,7 +1218,7 @@ class Gateway:
         # A page from the gateway's own loopback address (the viewer it serves
         # on a developer's machine). Only by address: any other Host a browser
         # sends is a name the page's author controls (DNS rebinding).
-        hosts = request.headers.get_all("Host")
+        hosts = headers.get_all("Host")
         parts = urlsplit(origin)
         return (
             len(hosts) == 1
@@ -1192,7 +1243,7 @@ class Gateway:
     async def _admit(self, ws: _Socket, request: Request) -> Response | None:
         """Decide on a WebSocket handshake: ``None`` admits it, a response refuses it."""
         config = self.config
-        if not self._origin_allowed(request):
+        if not self.origin_allowed(request.headers):
             log.info(
                 "connection from %s refused: origin %r is not allowed",
                 _address(ws),
@@ -1254,6 +1305,47 @@ class Gateway:
         ws.identity = identity
         return None
 
+    # The bridge ----------------------------------------------------------------------------------
+
+    def check_run_grant(self, identity: Identity | None, agent: str, thread: str) -> None:
+        """Raise :class:`~agui_hub.errors.Forbidden` unless *identity* may run *agent*
+        in *thread* (publish into the thread, and a run grant covering the agent)."""
+        if identity is None or not identity.allows(Action.PUBLISH, thread):
+            raise Forbidden(f"this connection may not publish into thread {thread!r}")
+        if not identity.grants.may_run(agent):
+            raise Forbidden(f"this connection may not run agent {agent!r} (its run grant)")
+
+    async def start_run(self, identity: Identity | None, command: Run) -> BridgedRun:
+        """Start the run a ``run`` command asks for (see :meth:`Bridge.start`)."""
+        self.check_run_grant(identity, command.agent, command.thread)
+        assert identity is not None
+        return await self.bridge.start(
+            command.agent,
+            command.thread,
+            subject=identity.subject,
+            messages=command.messages,
+            state=command.state,
+            tools=command.tools,
+            context=command.context,
+            forwarded_props=command.forwarded_props,
+            run_id=command.run_id,
+        )
+
+    def cancel_run(self, identity: Identity | None, thread: str, run_id: str | None) -> BridgedRun:
+        """Cancel the bridged run in *thread*: for identities that may publish into it."""
+        if identity is None or not identity.allows(Action.PUBLISH, thread):
+            raise Forbidden(f"this connection may not publish into thread {thread!r}")
+        return self.bridge.cancel(thread, by=identity.subject, run_id=run_id)
+
+    async def end_abandoned_run(
+        self, identity: Identity | None, thread: str, run_id: str | None
+    ) -> str:
+        """End the run *thread* holds open that no gateway relays (see
+        :meth:`Bridge.end_abandoned`): for identities that may publish into it."""
+        if identity is None or not identity.allows(Action.PUBLISH, thread):
+            raise Forbidden(f"this connection may not publish into thread {thread!r}")
+        return await self.bridge.end_abandoned(thread, by=identity.subject, run_id=run_id)
+
     # The store ---------------------------------------------------------------------------------
 
     async def check_store(self) -> bool:
@@ -1301,6 +1393,14 @@ class Gateway:
                          identity.subject)  # fmt: skip
                 conn.close_soon(CloseCode.FORBIDDEN, "credentials revoked")
                 closed += 1
+        if self.http is not None:
+            for stream in list(self.http.app.streams):
+                identity = stream.identity
+                if identity is not None and self.authenticator.revoked(identity):
+                    log.info("SSE stream of thread %s: credentials of %r revoked",
+                             stream.thread, identity.subject)  # fmt: skip
+                    stream.close_soon(CloseCode.FORBIDDEN, "the token was revoked")
+                    closed += 1
         return closed
 
     async def _watch_credentials(self) -> None:
@@ -1389,6 +1489,10 @@ class Gateway:
             live_lag_seconds=lag,
             recent_bytes=self.hub.recent_bytes,
             store_up=self.store_problem is None,
+            bridge_runs=len(self.bridge.runs),
+            bridge_runs_started=self.bridge.started_total,
+            bridge_runs_ended=dict(self.bridge.ended),
+            sse_streams=len(self.http.app.streams) if self.http is not None else 0,
         )
 
     def _live_backlog(self) -> tuple[int, float]:
@@ -1538,7 +1642,7 @@ class Gateway:
                     "admin_anonymous serves requests to a loopback address only "
                     "(Host: 127.0.0.1:PORT, [::1]:PORT or localhost:PORT)",
                 )
-            if request.headers.get_all("Origin") and not self._origin_allowed(request):
+            if request.headers.get_all("Origin") and not self.origin_allowed(request.headers):
                 raise _Refusal(
                     http.HTTPStatus.FORBIDDEN,
                     "forbidden",
@@ -1777,6 +1881,13 @@ class Gateway:
             return
         self.backlog = max(MIN_BACKLOG, min(MAX_BACKLOG, limit // 16))
         room = limit - FD_RESERVE - HANDSHAKE_HEADROOM - 2 * self.backlog
+        if self.config.http_port is not None:
+            # The HTTP listener (its own backlog too) and the upstream requests of
+            # the bridge take descriptors from the same budget: a quarter of it at
+            # most for the listener, what the runs can hold is kept aside.
+            room -= self.backlog + self.config.max_runs + UPSTREAM_KEEPALIVE
+            self.http_connections = max(1, min(self.config.max_connections, room // 4))
+            room -= self.http_connections
         if room < self.max_connections:
             fitted = max(1, room)
             log.warning(
@@ -1860,6 +1971,15 @@ class Gateway:
             ssl=tls,
             logger=RedactingLogger(logging.getLogger("websockets.server"), {}),
         )
+        if config.http_port is not None:
+            self.http = HttpListener(self)
+            try:
+                files = (config.tls_cert, config.tls_key) if tls else None
+                config.http_port = await self.http.start(files)
+            except BaseException:
+                self.server.close()
+                await self.server.wait_closed()
+                raise
         if isinstance(self.authenticator, JWTAuthenticator) or self._custom_auth:
             self._auth_watch = asyncio.create_task(self._watch_credentials())
         self._summary = asyncio.create_task(self._summarize())
@@ -1881,6 +2001,12 @@ class Gateway:
                  self.describe_auth(), self.max_connections,
                  config.max_connections_per_address)  # fmt: skip
         log.info("operations: %s", self.describe_operations())
+        if self.http is not None:
+            log.info("HTTP bridge: %s://%s:%s (SSE streams, POST /agents/<name>)",
+                     "https" if tls else "http", config.host, config.http_port)  # fmt: skip
+        if self.bridge.agents:
+            names = (f"{a.name} ({redact_url(a.url)})" for a in self.bridge.agents.values())
+            log.info("upstream agents: %s", ", ".join(names))
         return self.server
 
     def describe_auth(self) -> str:
@@ -1929,6 +2055,11 @@ class Gateway:
             self.server.close(close_connections=False)
         for conn in list(self.connections):
             conn.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
+        # Runs still going end in their threads (RUN_ERROR), while the store is open
+        # and while the HTTP clients of those runs can still be told.
+        await self.bridge.close()
+        if self.http is not None:
+            await self.http.stop()
         if self._chores:
             await asyncio.wait(list(self._chores), timeout=10 * SECONDS)
         if self.server is not None:
@@ -2118,6 +2249,8 @@ COMMAND_NAMES: dict[type, str] = {
     Publish: "publish",
     Ping: "ping",
     Auth: "auth",
+    Run: "run",
+    Cancel: "cancel",
     CommandError: "invalid",
 }
 """The ``type`` label of ``agui_hub_commands_total`` for each command class."""

@@ -364,14 +364,21 @@ def test_no_jwt_anonymous_patterns() -> None:
     config = GatewayConfig(anonymous_subscribe="public/*, news ,", anonymous_publish="")
     anonymous = build_authenticator(config).anonymous
     assert anonymous is not None
-    assert anonymous.grants == Grants(("public/*", "news"), ())
+    # Without JWT every agent may be run by default; a run also needs publish on its
+    # thread, which these grants give nowhere.
+    assert anonymous.grants == Grants(("public/*", "news"), (), run=("*",))
     assert anonymous.allows(Action.SUBSCRIBE, "public/x")
     assert not anonymous.allows(Action.SUBSCRIBE, "private/x")
     assert not anonymous.allows(Action.PUBLISH, "public/x")
     # Set but empty: no thread at all (a write-only relay), not the default.
     write_only = build_authenticator(GatewayConfig(anonymous_subscribe="", anonymous_publish="in"))
     assert write_only.anonymous is not None
-    assert write_only.anonymous.grants == Grants((), ("in",))
+    assert write_only.anonymous.grants == Grants((), ("in",), run=("*",))
+    no_runs = build_authenticator(GatewayConfig(anonymous_run="")).anonymous
+    assert no_runs is not None and not no_runs.grants.may_run("support")
+    some = build_authenticator(GatewayConfig(anonymous_run="support, team-*")).anonymous
+    assert some is not None and some.grants.run == ("support", "team-*")
+    assert some.grants.may_run("team-a") and not some.grants.may_run("billing")
     # Only subscribe narrowed: publish keeps its default (every thread).
     only_read = build_authenticator(GatewayConfig(anonymous_subscribe="public/*")).anonymous
     assert only_read is not None and only_read.grants.publish == ("*",)

@@ -339,6 +339,54 @@ def test_security_section(tmp_path: Path, terminals: list[Terminal]) -> None:
     EXERCISED.update(command_lines(block))
 
 
+def test_bridge_section(tmp_path: Path, terminals: list[Terminal]) -> None:
+    """The README's bridge commands, verbatim but for the agent's URL (a real AG-UI agent
+    of the tests') and the ports: the run prints the agent's answer and exits 0, and the
+    thread is there as SSE on the HTTP port, with an id per event."""
+    import httpx
+
+    from .upstream_agent import ok_transcript_text, serve_agent
+
+    section = README.split("## Existing AG-UI agents", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
+    serve, run = command_lines(block)
+    assert "http://127.0.0.1:8000/" in serve and "--http-port 8766" in serve
+    port, http_port = free_port(), free_port()
+    env = environment(port, None)
+    with serve_agent() as agent:
+        command = serve.replace("http://127.0.0.1:8000/", agent.url("ok"))
+        hub = Terminal(command.replace("8766", str(http_port)), tmp_path, env, "hub")
+        EXERCISED.add(serve)
+        terminals.append(hub)
+        wait_listening(hub, port)
+        runner = Terminal(run, tmp_path, env, "run")
+        terminals.append(runner)
+        assert runner.wait() == 0, runner.errors()
+        (received,) = agent.inputs
+        assert received["threadId"] == "ticket-42"
+        assert received["messages"][-1]["content"] == "Where is my order?"
+        # The transcript streams the answer in pieces; the text is all there.
+        answer = ok_transcript_text(received["messages"])
+        assert answer in runner.output().replace("\n", ""), runner.output()
+        with httpx.stream(
+            "GET", f"http://127.0.0.1:{http_port}/threads/ticket-42/events", timeout=WAIT
+        ) as response:
+            assert response.status_code == 200
+            ids, events = [], []
+            for line in response.iter_lines():
+                if line.startswith("id: "):
+                    ids.append(line[4:])
+                elif line.startswith("data: ") and ids:
+                    events.append(json.loads(line[6:]))
+                    if events[-1]["type"] == "RUN_FINISHED":
+                        break
+        assert len(ids) == len(events) and events[0]["type"] == "RUN_STARTED"
+        assert events[0]["input"]["messages"][0]["content"] == "Where is my order?"
+    hub.signal(signal.SIGTERM)
+    assert hub.wait() == 0
+    assert "Traceback" not in hub.errors()
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     """.ci/run ends with the README's test command, verbatim."""
     first = blocks("sh")[0]
