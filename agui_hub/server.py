@@ -300,6 +300,13 @@ def _frame_all(ws: ServerConnection, frames: list[bytes | str]) -> None:
             protocol.send_binary(frame)
 
 
+def require_publish(identity: Identity | None, thread: str) -> Identity:
+    """*identity*, if it may publish into *thread*; else :class:`~agui_hub.errors.Forbidden`."""
+    if identity is None or not identity.allows(Action.PUBLISH, thread):
+        raise Forbidden(f"this connection may not publish into thread {thread!r}")
+    return identity
+
+
 def _send_joined(ws: ServerConnection) -> None:
     """What ``ws.send_data()`` does, in one ``transport.write`` for all the data.
 
@@ -892,9 +899,7 @@ class Connection:
                     )
             elif isinstance(command, Publish):
                 thread = command.thread
-                identity = self.identity
-                if identity is None or not identity.allows(Action.PUBLISH, thread):
-                    raise Forbidden(f"this connection may not publish into thread {thread!r}")
+                identity = require_publish(self.identity, thread)
                 ids = command.event_ids
                 if ids is not None:
                     ids = [scoped_event_id(identity, i) for i in ids]
@@ -1310,15 +1315,14 @@ class Gateway:
     def check_run_grant(self, identity: Identity | None, agent: str, thread: str) -> None:
         """Raise :class:`~agui_hub.errors.Forbidden` unless *identity* may run *agent*
         in *thread* (publish into the thread, and a run grant covering the agent)."""
-        if identity is None or not identity.allows(Action.PUBLISH, thread):
-            raise Forbidden(f"this connection may not publish into thread {thread!r}")
+        identity = require_publish(identity, thread)
         if not identity.grants.may_run(agent):
             raise Forbidden(f"this connection may not run agent {agent!r} (its run grant)")
 
     async def start_run(self, identity: Identity | None, command: Run) -> BridgedRun:
         """Start the run a ``run`` command asks for (see :meth:`Bridge.start`)."""
         self.check_run_grant(identity, command.agent, command.thread)
-        assert identity is not None
+        assert identity is not None  # checked above
         return await self.bridge.start(
             command.agent,
             command.thread,
@@ -1333,8 +1337,7 @@ class Gateway:
 
     def cancel_run(self, identity: Identity | None, thread: str, run_id: str | None) -> BridgedRun:
         """Cancel the bridged run in *thread*: for identities that may publish into it."""
-        if identity is None or not identity.allows(Action.PUBLISH, thread):
-            raise Forbidden(f"this connection may not publish into thread {thread!r}")
+        identity = require_publish(identity, thread)
         return self.bridge.cancel(thread, by=identity.subject, run_id=run_id)
 
     async def end_abandoned_run(
@@ -1342,8 +1345,7 @@ class Gateway:
     ) -> str:
         """End the run *thread* holds open that no gateway relays (see
         :meth:`Bridge.end_abandoned`): for identities that may publish into it."""
-        if identity is None or not identity.allows(Action.PUBLISH, thread):
-            raise Forbidden(f"this connection may not publish into thread {thread!r}")
+        identity = require_publish(identity, thread)
         return await self.bridge.end_abandoned(thread, by=identity.subject, run_id=run_id)
 
     # The store ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import logging
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
@@ -569,9 +569,7 @@ class HttpApp:
         thread = run.thread
         stream = SseStream(thread, gateway.config.send_queue_bytes, run, identity)
         await _start_sse(send, origin)
-        self.streams.add(stream)
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
-        try:
+        async with self._serving(stream, receive, send):
             try:
                 # Keepalives while the agent has not started (a model may take a while).
                 while not run.started.done():
@@ -589,11 +587,6 @@ class HttpApp:
                 return
             if await self._join_run(stream, thread, Position(_before(first), run.epoch)):
                 await self._pump(stream, send)
-        finally:
-            watcher.cancel()
-            self.streams.discard(stream)
-            gateway.hub.unsubscribe(stream, thread)
-            await _end(send, gateway.write_timeout)
 
     async def _join_run(self, stream: SseStream, thread: str, start: Position) -> bool:
         """Subscribe a run's stream from just before the run's first event.
@@ -648,22 +641,31 @@ class HttpApp:
         stream = SseStream(thread, gateway.config.send_queue_bytes, identity=identity)
         await _start_sse(send, origin)
         await _write(send, f"retry: {RETRY_MILLISECONDS}\n\n".encode(), gateway.write_timeout)
+        async with self._serving(stream, receive, send):
+            try:
+                join = "position" if isinstance(start, Position) else start.value
+                await gateway.hub.subscribe(stream, thread, join, start, None)
+                await self._pump(stream, send)
+            except AguiHubError as exc:
+                info = json.dumps({"code": exc.code, "message": str(exc)})
+                await _write(send, encode_event(info, event="hub-error"), gateway.write_timeout)
+
+    @contextlib.asynccontextmanager
+    async def _serving(
+        self, stream: SseStream, receive: Receive, send: Send
+    ) -> AsyncIterator[None]:
+        """While an SSE response is written: *stream* is one of :attr:`streams` and a
+        task watches for its client leaving; then it leaves the hub and the response
+        ends (bounded, whatever the client does)."""
         self.streams.add(stream)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
         try:
-            join = "position" if isinstance(start, Position) else start.value
-            await gateway.hub.subscribe(stream, thread, join, start, None)
-            await self._pump(stream, send)
-        except AguiHubError as exc:
-            info = {"code": exc.code, "message": str(exc)}
-            await _write(
-                send, encode_event(json.dumps(info), event="hub-error"), gateway.write_timeout
-            )
+            yield
         finally:
             watcher.cancel()
             self.streams.discard(stream)
-            gateway.hub.unsubscribe(stream, thread)
-            await _end(send, gateway.write_timeout)
+            self.gateway.hub.unsubscribe(stream, stream.thread)
+            await _end(send, self.gateway.write_timeout)
 
     async def _pump(self, stream: SseStream, send: Send) -> None:
         """Write what the hub queues for *stream* until it ends or the client goes."""
