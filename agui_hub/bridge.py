@@ -288,6 +288,8 @@ class BridgedRun:
     """Its task has begun (a cancel before that is only recorded: see Bridge._drive)."""
     _ending: bool = field(default=False, init=False, repr=False)
     """Its end is being stored: a cancel now would only interrupt that."""
+    _released: bool = field(default=False, init=False, repr=False)
+    """Counted as ended and its thread free (see Bridge._release)."""
 
     def __post_init__(self) -> None:
         self.started = asyncio.get_running_loop().create_future()
@@ -338,6 +340,9 @@ class Bridge:
         self.max_sse_bytes = 2 * (max_event_bytes or hub.writer.max_event_bytes) + 4096
         self.runs: dict[str, BridgedRun] = {}
         """Runs going, by thread."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Every run's task, until it returns (a run released at its end may still be
+        closing its upstream response)."""
         self._reserved: set[str] = set()
         """Threads whose run is being prepared (counted against ``max_runs``)."""
         self.started_total = 0
@@ -412,7 +417,9 @@ class Bridge:
             raise TooManyRuns("the gateway is shutting down: start the run on another one")
         self.runs[thread] = run
         self.started_total += 1
-        run._task = asyncio.create_task(self._drive(run), name=f"agui-hub run {thread}")
+        run._task = task = asyncio.create_task(self._drive(run), name=f"agui-hub run {thread}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return run
 
     async def _prepare(
@@ -536,13 +543,18 @@ class Bridge:
             if run._task is not None and run._driving:
                 run._task.cancel()
 
-    async def close(self, timeout: float = 10.0) -> None:
-        """Stop every run (RUN_ERROR ``AGUI_HUB_GATEWAY_STOPPING``) and the HTTP client."""
+    async def close(self, timeout: float = 10.0) -> dict[str, Offset]:
+        """Stop every run (RUN_ERROR ``AGUI_HUB_GATEWAY_STOPPING``) and the HTTP client.
+
+        Returns where each stopped run ended (thread: offset of its stored end),
+        so that the viewers of those threads can be given their end before
+        their streams close.
+        """
         self._closing = True
         runs = list(self.runs.values())
         for run in runs:
             self._stop(run, "AGUI_HUB_GATEWAY_STOPPING", "the gateway running the run stopped")
-        tasks = [r._task for r in runs if r._task is not None]
+        tasks = list(self._tasks)
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=timeout)
             for task in pending:
@@ -551,6 +563,11 @@ class Bridge:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
         await self._client.aclose()
+        return {
+            run.thread: run.last_offset
+            for run in runs
+            if run.outcome is not None and run.last_offset is not None
+        }
 
     # -- driving a run --------------------------------------------------------------------
 
@@ -589,32 +606,50 @@ class Bridge:
                 "run %s in thread %s: its RUN_ERROR was not stored", run.run_id, run.thread
             )
         finally:
-            outcome = run.outcome
-            if refused is not None:
-                kind = "refused"  # another run took the thread first: nothing stored
-            elif outcome is None:
-                kind = failure[0] if failure is not None else "error"
-            elif outcome["type"] == "RUN_FINISHED":
-                kind = "finished"
-            elif failure is not None and outcome.get("code") == failure[0]:
-                kind = failure[0]  # the RUN_ERROR the hub stored
-            else:
-                kind = "error"  # the agent's own
-            self.ended[kind] = self.ended.get(kind, 0) + 1
-            run.state = RunState.ENDED
-            if self.runs.get(run.thread) is run:
-                del self.runs[run.thread]
-            if not run.started.done():
-                run.started.set_exception(
-                    refused
-                    or StoreUnavailable(
-                        f"run {run.run_id!r}: nothing could be stored in the thread"
-                    )
-                )
-                run.started.exception()  # retrieved: nobody has to wait for it
-            run.done.set()
-            if failure is not None:
+            already = run._released  # then what failed was closing the response: not news
+            self._release(run, failure, refused)
+            if failure is not None and not already:
                 log.info("run %s in thread %s ended: %s %s", run.run_id, run.thread, *failure)
+
+    def _release(
+        self,
+        run: BridgedRun,
+        failure: tuple[str, str] | None = None,
+        refused: RunActive | None = None,
+    ) -> None:
+        """Count *run* as ended, free its thread and wake who waits for it (once).
+
+        Called as soon as the run's end is stored, before its upstream response
+        is closed (which takes a few turns of the loop): a client that starts
+        the next run right after seeing the RUN_FINISHED is not refused
+        ``run_active`` by a run that is over.
+        """
+        if run._released:
+            return
+        run._released = True
+        run._ending = True
+        outcome = run.outcome
+        if refused is not None:
+            kind = "refused"  # another run took the thread first: nothing stored
+        elif outcome is None:
+            kind = failure[0] if failure is not None else "error"
+        elif outcome["type"] == "RUN_FINISHED":
+            kind = "finished"
+        elif failure is not None and outcome.get("code") == failure[0]:
+            kind = failure[0]  # the RUN_ERROR the hub stored
+        else:
+            kind = "error"  # the agent's own
+        self.ended[kind] = self.ended.get(kind, 0) + 1
+        run.state = RunState.ENDED
+        if self.runs.get(run.thread) is run:
+            del self.runs[run.thread]
+        if not run.started.done():
+            run.started.set_exception(
+                refused
+                or StoreUnavailable(f"run {run.run_id!r}: nothing could be stored in the thread")
+            )
+            run.started.exception()  # retrieved: nobody has to wait for it
+        run.done.set()
 
     async def _stream(self, run: BridgedRun) -> None:
         agent = run.agent
@@ -688,7 +723,10 @@ class Bridge:
                 if batch:
                     await self._store(run, batch)
                     if run.outcome is not None:
-                        return  # the run ended; whatever follows is not this run's
+                        # The run ended; whatever follows is not this run's. Its
+                        # thread is free now, not once the response is closed.
+                        self._release(run)
+                        return
                 elif inbox.error is not None:
                     raise inbox.error  # after every event before it was stored
                 else:

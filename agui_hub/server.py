@@ -2059,9 +2059,9 @@ class Gateway:
             conn.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
         # Runs still going end in their threads (RUN_ERROR), while the store is open
         # and while the HTTP clients of those runs can still be told.
-        await self.bridge.close()
+        ends = await self.bridge.close()
         if self.http is not None:
-            await self.http.stop()
+            await self.http.stop(ends)
         if self._chores:
             await asyncio.wait(list(self._chores), timeout=10 * SECONDS)
         if self.server is not None:

@@ -36,7 +36,14 @@ import logging
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+)
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
@@ -138,6 +145,8 @@ class SseStream:
         self.finished = False
         """The stream ended on purpose (the run's end, an error told to the client)."""
         self.close_reason: tuple[CloseCode, str] | None = None
+        self.offset: str | None = None
+        """The offset of the last event queued (a snapshot's, after one)."""
         self._wake: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
 
@@ -190,7 +199,7 @@ class SseStream:
         if frame.startswith(head):
             # '{"type":"event","thread":<thread>,"offset":"<offset>","event":<event>}'
             end = frame.index('"', len(head))
-            offset = frame[len(head) : end]
+            self.offset = offset = frame[len(head) : end]
             event = frame[end + 10 : -1]  # after '","event":', before the final '}'
             run = self.run
             if run is None:
@@ -223,6 +232,8 @@ class SseStream:
             # with history to come, nor before a snapshot, whose last event
             # carries the id).
             resumes = message.get("recovered") and message.get("id") in (None, *JOINS_AT_OFFSET)
+            if resumes and self.offset is None:
+                self.offset = message.get("offset")
             return encode_event(
                 json.dumps(info, ensure_ascii=False),
                 event="subscribed",
@@ -232,6 +243,7 @@ class SseStream:
             # The snapshot's events carry no offsets of their own; the last one
             # carries the snapshot's, so a client cut off within it starts over.
             info = {k: message.get(k) for k in ("offset", "epoch", "complete")}
+            self.offset = message["offset"]
             parts = [encode_event(json.dumps(info), event="snapshot")]
             events = message.get("events") or []
             for n, event in enumerate(events):
@@ -356,6 +368,18 @@ class HttpApp:
         self.per_address: Counter[str] = Counter()
         """Open streams by client address (``max_connections_per_address`` bounds them)."""
         self.closing = asyncio.Event()
+        self.run_ends: dict[str, tuple[int, int]] = {}
+        """While draining: where the runs it stopped ended, by thread (see :meth:`holds`)."""
+
+    def holds(self, stream: SseStream) -> bool:
+        """Whether a draining listener keeps *stream* open: a run's own stream until
+        its run's end, a viewer of a stopped run's thread until that end reached it."""
+        if not stream.is_open:
+            return False
+        if stream.run is not None:
+            return True
+        end = self.run_ends.get(stream.thread)
+        return end is not None and (stream.offset is None or offset_key(stream.offset) < end)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -673,7 +697,7 @@ class HttpApp:
         write_timeout = gateway.write_timeout
         identity = stream.identity
         while True:
-            if self.closing.is_set() and stream.run is None:
+            if self.closing.is_set() and not self.holds(stream):
                 # (A run's stream ends with the run, which the drain ends first.)
                 stream.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
             wait = KEEPALIVE_SECONDS
@@ -901,22 +925,30 @@ class HttpListener:
         self.port = sock.getsockname()[1]
         return self.port
 
-    async def stop(self, timeout: float = 5.0) -> None:
+    async def stop(self, ends: Mapping[str, str] | None = None, timeout: float = 5.0) -> None:
         """End every SSE stream (clients resume elsewhere), then stop listening.
 
-        Call it after the bridge's runs ended: a run's stream is given *timeout*
-        seconds to deliver its run's end before it is cut.
+        Call it after the bridge's runs ended, with where they ended (*ends*,
+        thread: offset, from :meth:`Bridge.close`): a run's own stream, and a
+        viewer of its thread, are given *timeout* seconds to deliver the run's
+        end before they are cut (from a Redis store, the end reaches a viewer
+        after its reader's next read).
         """
         app = self.app
+        app.run_ends = {thread: offset_key(offset) for thread, offset in (ends or {}).items()}
         app.closing.set()
-        for stream in list(app.streams):
-            if stream.run is None:
-                stream.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
-        deadline = asyncio.get_running_loop().time() + timeout
-        while any(s.run is not None for s in app.streams):
-            if asyncio.get_running_loop().time() > deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            for stream in list(app.streams):
+                if not app.holds(stream):
+                    stream.close_soon(
+                        CloseCode.SERVICE_RESTART, "server restart: reconnect and resume"
+                    )
+            if not any(app.holds(s) for s in app.streams) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.05)
+        app.run_ends = {}
         for stream in list(app.streams):
             stream.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
         if self.server is not None and self._task is not None:

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgpack
 import pytest
 
@@ -91,7 +92,12 @@ AGENTS: dict[str, tuple[str, dict[str, Any]]] = {
 """The agents of every test gateway (``agents``): name -> (behaviour, query)."""
 
 HANG_IDLE_TIMEOUT = 0.5
-"""The idle timeout of the ``hang`` agent (in the gateway's ``agents_file``)."""
+"""The idle timeout of the ``hang`` agent (in the gateway's ``agents_file``): only the
+test of that timeout uses it, as it can expire before a slow machine's next step."""
+
+STILL_IDLE_TIMEOUT = 60
+"""The ``still`` agent: ``hang``'s behaviour with a timeout no test reaches (they end
+its runs by cancelling them)."""
 
 MUTE_CONNECT_TIMEOUT = 0.3
 MUTE_IDLE_TIMEOUT = 2.5
@@ -151,6 +157,8 @@ class Bench:
         text = (
             f'[agents.hang]\nurl = "{self.agent.url("hang")}"\n'
             f"idle_timeout = {HANG_IDLE_TIMEOUT}\nconnect_timeout = 5\n"
+            f'[agents.still]\nurl = "{self.agent.url("hang")}"\n'
+            f"idle_timeout = {STILL_IDLE_TIMEOUT}\nconnect_timeout = 5\n"
         )
         if self.mute_port:
             text += (
@@ -590,14 +598,16 @@ async def test_the_agents_own_run_error_ends_the_run_alone(bench: Bench) -> None
 
 async def test_a_run_whose_thread_was_taken_meanwhile_stores_nothing(bench: Bench) -> None:
     # The agent sends nothing; meanwhile another producer starts a run in the thread. The
-    # bridge's RUN_STARTED + RUN_ERROR (timeout) are refused whole: a RUN_ERROR alone
+    # bridge's RUN_STARTED + RUN_ERROR (cancelled) are refused whole: a RUN_ERROR alone
     # would end the other producer's run.
     gateway = await bench.gateway()
     thread = f"taken-{uuid.uuid4().hex[:8]}"
-    run = await gateway.bridge.start("hang", thread, subject="tester", messages=[USER_1])
+    run = await gateway.bridge.start("still", thread, subject="tester", messages=[USER_1])
     client = await bench.client(gateway)
     other = {"type": "RUN_STARTED", "threadId": thread, "runId": "someone-else"}
     await client.publish(thread, [other])
+    assert run.state is RunState.STARTING, "the still agent sent something"
+    gateway.bridge.cancel(thread, by="tester")
     await ended(run)
     assert await bench.events(gateway, thread) == [other]
     with pytest.raises(StoreUnavailable):
@@ -723,7 +733,7 @@ async def test_cancel_before_the_agent_sent_anything(bench: Bench) -> None:
     gateway = await bench.gateway()
     thread = f"cancel-early-{uuid.uuid4().hex[:8]}"
     gone, inputs = bench.agent.disconnects, len(bench.agent.inputs)
-    run = await gateway.bridge.start("hang", thread, subject="tester", messages=[USER_1])
+    run = await gateway.bridge.start("still", thread, subject="tester", messages=[USER_1])
     # The agent has the request (and answered its headers, then nothing).
     assert await asyncio.to_thread(bench.agent.wait_inputs, inputs + 1, WAIT)
     await asyncio.sleep(0.05)
@@ -860,7 +870,7 @@ async def test_unknown_agent_is_refused_naming_the_known_ones(bench: Bench) -> N
         await gateway.bridge.start("nope", thread, subject="tester")
     message = str(caught.value)
     assert "'nope'" in message
-    assert ", ".join(sorted([*AGENTS, "dead", "hang"])) in message
+    assert ", ".join(sorted([*AGENTS, "dead", "hang", "still"])) in message
     client = await bench.client(gateway)
     with pytest.raises(CommandRejected) as refused:
         await client.run(thread, "nope")
@@ -1062,6 +1072,53 @@ async def test_concurrent_starts_for_one_thread_let_exactly_one_through(bench: B
     runs = [r for r in results if isinstance(r, BridgedRun)]
     assert len(runs) == 1 and sum(isinstance(r, TooManyRuns) for r in results) == 1, results
     await ended(runs[0])
+
+
+CLOSE_DELAY = 1.0
+"""How long closing an agent's response takes in the test below (a slow proxy, TLS)."""
+
+
+async def test_the_next_run_starts_as_soon_as_the_last_ones_end_is_seen(
+    bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run is over once its end is stored, not once the hub has closed the agent's
+    # response: a client that sees RUN_FINISHED and at once starts the next run is not
+    # refused run_active, and the run is counted as ended already.
+    original = httpx.Response.aclose
+
+    async def slow_aclose(self: httpx.Response) -> None:
+        await asyncio.sleep(CLOSE_DELAY)
+        await original(self)
+
+    monkeypatch.setattr(httpx.Response, "aclose", slow_aclose)
+    gateway = await bench.gateway()
+    thread = f"next-{uuid.uuid4().hex[:8]}"
+    client = await bench.client(gateway)
+    ends: list[Event] = []
+    async with client.subscribe(thread, "start") as sub:
+        for n, message in enumerate([USER_1, USER_2, USER_1]):
+            began = time.monotonic()
+            reply = await client.run(thread, "ok", messages=[message])
+            assert reply["type"] == "running"
+
+            async def end_of_run() -> Event:
+                async for item in sub:
+                    if isinstance(item, ThreadEvent) and item.event["type"] in TERMINAL_TYPES:
+                        return item.event
+                raise AssertionError("the subscription ended")
+
+            ends.append(await asyncio.wait_for(end_of_run(), WAIT))
+            assert gateway.bridge.ended.get("finished") == n + 1
+            assert thread not in gateway.bridge.runs
+            assert time.monotonic() - began < WAIT
+    assert [e["type"] for e in ends] == ["RUN_FINISHED"] * 3
+    assert len(of_type(await bench.events(gateway, thread), "RUN_STARTED")) == 3
+    # The responses are still being closed; a drain waits for them before closing the client.
+    await asyncio.wait_for(gateway.drain(), 15)
+    assert not gateway.bridge._tasks
+
+
+TERMINAL_TYPES = ("RUN_FINISHED", "RUN_ERROR")
 
 
 # -- 8. drain ----------------------------------------------------------------------------------

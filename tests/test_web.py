@@ -1139,7 +1139,20 @@ async def test_slow_sse_reader_is_bounded(web: Web) -> None:
 # -- 9. drain ---------------------------------------------------------------------------------
 
 
-async def test_drain_closes_streams_and_clients_resume_elsewhere(web: Web) -> None:
+async def test_drain_closes_streams_and_clients_resume_elsewhere(
+    web: Web, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A viewer's frames reach it late (as from Redis, after its reader's next
+    # read): the drain still gives it the run's end before its close.
+    send = web_module.SseStream.send
+
+    def late_send(stream: web_module.SseStream, frame: bytes | str) -> bool:
+        if stream.run is not None:
+            return send(stream, frame)
+        asyncio.get_running_loop().call_later(0.2, send, stream, frame)
+        return True
+
+    monkeypatch.setattr(web_module.SseStream, "send", late_send)
     gateway = await web.gateway()
     other = await web.gateway(store=shared_store(gateway, web))
     thread = new_thread()
