@@ -595,7 +595,12 @@ class Bridge:
         except StoreError as exc:
             failure = ("AGUI_HUB_STORE_UNAVAILABLE", f"the hub could not store the run: {exc}")
         except Exception as exc:  # last resort: the run still ends, the gateway goes on
-            log.exception("run %s in thread %s failed", run.run_id, run.thread)
+            if run._released:
+                # Its end is stored: only closing the agent's response failed.
+                log.debug("run %s in thread %s: closing the response failed", run.run_id,
+                          run.thread, exc_info=True)  # fmt: skip
+            else:
+                log.exception("run %s in thread %s failed", run.run_id, run.thread)
             failure = ("AGUI_HUB_INTERNAL_ERROR", f"the hub failed relaying the run: {exc!r}")
         run._ending = True
         try:
@@ -931,6 +936,10 @@ class Bridge:
         run.events += len(events)
         if events[-1].get("type") in TERMINAL:
             run.outcome = events[-1]
+            if not run._ending:
+                # The agent's end: the run is over now, not when its task next runs
+                # (a RUN_ERROR of the hub's is counted by _drive, with its code).
+                self._release(run)
         return offsets
 
     async def _fail(self, run: BridgedRun, code: str, message: str) -> None:

@@ -663,6 +663,10 @@ class HttpApp:
         """Answer ``GET /threads/<thread>/events``: the thread from *start*, then live."""
         gateway = self.gateway
         stream = SseStream(thread, gateway.config.send_queue_bytes, identity=identity)
+        if isinstance(start, Position):
+            # What the client has: a drain need not hold a client that resumed at
+            # (or past) a stopped run's end (a snapshot, in another epoch, resets it).
+            stream.offset = start.offset
         await _start_sse(send, origin)
         await _write(send, f"retry: {RETRY_MILLISECONDS}\n\n".encode(), gateway.write_timeout)
         async with self._serving(stream, receive, send):

@@ -472,7 +472,8 @@ async def test_post_client_that_leaves_does_not_stop_the_run(
             deltas = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
             assert deltas == [f"{i} " for i in range(SLOW_COUNT)]
             assert own.disconnects == 0, "the hub closed the agent's response"
-            assert gateway.bridge.ended.get("finished") == 1
+            # (Counted when the append returns, which is after readers can see it.)
+            await wait_until(lambda: gateway.bridge.ended == {"finished": 1}, "the run counted")
             await wait_until(lambda: not http_app(gateway).streams, "the stream to be released")
             await assert_serving(web.http, gateway)
         finally:
@@ -1183,6 +1184,46 @@ async def test_drain_closes_streams_and_clients_resume_elsewhere(
     async with sse(web.http, base(other) + url, headers={"Last-Event-ID": part1[-1][0]}) as reader:
         blocks = await reader.until(lambda b: b.event == "subscribed")
     assert blocks[-1].json["recovered"] is True
+
+
+async def test_drain_does_not_hold_a_viewer_that_has_the_end(
+    mem: Web, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A draining listener keeps a viewer of a stopped run's thread open until the run's
+    # end reached it; one that resumed at that end (back from the close, to the same
+    # gateway) has it already, and is closed at once, not after the 5 s bound.
+    gateway = await mem.gateway()
+    thread = new_thread()
+    url = base(gateway) + f"/threads/{thread}/events"
+    run = await gateway.bridge.start("slow", thread, subject="tester")
+    await asyncio.wait_for(run.started, WAIT)
+    subscribed = asyncio.Event()
+    times: dict[str, float] = {}
+
+    async def follow(last: str) -> list[Block]:
+        async with sse(mem.http, url, headers={"Last-Event-ID": last}) as reader:
+            await reader.until(lambda b: b.event == "subscribed")
+            subscribed.set()
+            rest = await reader.to_end()
+        times["closed"] = time.monotonic()
+        return rest
+
+    close = gateway.bridge.close
+    viewer: list[asyncio.Task[list[Block]]] = []
+
+    async def close_then_resume(timeout: float = 10.0) -> dict[str, str]:
+        ends = await close(timeout)
+        viewer.append(asyncio.create_task(follow(ends[thread])))
+        await asyncio.wait_for(subscribed.wait(), WAIT)
+        times["stopping"] = time.monotonic()
+        return ends
+
+    monkeypatch.setattr(gateway.bridge, "close", close_then_resume)
+    await asyncio.wait_for(gateway.drain(), 15)
+    rest = await asyncio.wait_for(viewer[0], WAIT)
+    assert [b.event for b in rest] == ["close"], rest
+    assert rest[0].json["code"] == 1012
+    assert times["closed"] - times["stopping"] < 2.5, "held as if it lacked the run's end"
 
 
 # -- more of the listener: keepalives, stalled readers, limits, credentials, the store ----------
