@@ -728,9 +728,8 @@ class Bridge:
                 if batch:
                     await self._store(run, batch)
                     if run.outcome is not None:
-                        # The run ended; whatever follows is not this run's. Its
-                        # thread is free now, not once the response is closed.
-                        self._release(run)
+                        # The run ended (and was released by the append that stored
+                        # its end); whatever follows is not this run's.
                         return
                 elif inbox.error is not None:
                     raise inbox.error  # after every event before it was stored

@@ -702,7 +702,8 @@ class HttpApp:
         identity = stream.identity
         while True:
             if self.closing.is_set() and not self.holds(stream):
-                # (A run's stream ends with the run, which the drain ends first.)
+                # (A run's stream ends with the run, which the drain ends first; a
+                # viewer of a stopped run's thread is held until that end reached it.)
                 stream.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
             wait = KEEPALIVE_SECONDS
             if identity is not None and identity.expires is not None:
