@@ -312,7 +312,7 @@ class AppendConflict(StoreError):
     Raised by :meth:`~agui_hub.store.ThreadStore.append` with ``expect`` when
     another writer appended after the expected offset, or the thread's epoch
     is not the expected one. Read what changed, judge the events again, and
-    append with the new expectation (:class:`~agui_hub.writer.ThreadWriter`
+    append with the new expectation (:class:`~agui_hub.gateway.writer.ThreadWriter`
     does this by itself).
     """
 

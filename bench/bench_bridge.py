@@ -94,7 +94,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gateway as bg
 from bench_gateway import HOST, Child, Client, cpu_seconds, machine_busy, settle
 
-from agui_hub.client import HubClient
+from agui_hub.client.hub_client import HubClient
 
 NO_LIMIT = "1000000000"
 """Rate limits far above what one connection sends here."""

@@ -85,14 +85,14 @@ from typing import Any, TypeVar
 import msgpack
 from websockets.asyncio.client import ClientConnection, connect
 
-from agui_hub.client import HubClient, Subscribed, ThreadEvent
-from agui_hub.codec import Encoding, encode_msgpack
-from agui_hub.events import validate_wire
-from agui_hub.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, CloseCode, StartKind
-from agui_hub.publisher import Publisher
-from agui_hub.reducer import ThreadState
-from agui_hub.sequence import SequenceVerifier
-from agui_hub.server import Gateway, GatewayConfig
+from agui_hub.agui.events import validate_wire
+from agui_hub.agui.reducer import ThreadState
+from agui_hub.agui.sequence import SequenceVerifier
+from agui_hub.client.hub_client import HubClient, Subscribed, ThreadEvent
+from agui_hub.client.publisher import Publisher
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.wire.codec import Encoding, encode_msgpack
+from agui_hub.wire.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, CloseCode, StartKind
 
 HOST = "127.0.0.1"
 SUBPROTOCOL = {"msgpack": SUBPROTOCOL_MSGPACK, "json": SUBPROTOCOL_JSON}

@@ -32,8 +32,8 @@ import msgpack
 from ag_ui.core import Event as OfficialEvent
 from pydantic import TypeAdapter
 
-from agui_hub.codec import decode_json, encode_msgpack
-from agui_hub.events import parse_event, to_wire, validate_wire
+from agui_hub.agui.events import parse_event, to_wire, validate_wire
+from agui_hub.wire.codec import decode_json, encode_msgpack
 
 
 def realistic_run(n: int, seed: int = 7) -> list[dict[str, Any]]:

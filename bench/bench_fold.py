@@ -13,7 +13,7 @@ keeps growing, activity updates.
 A thread of N events has about N/25 messages (4,000 in the largest).
 
 Prints, per size, the microseconds per event of folding the whole thread into
-a fresh :class:`~agui_hub.reducer.ThreadState` (median of ``--runs``), and
+a fresh :class:`~agui_hub.agui.reducer.ThreadState` (median of ``--runs``), and
 the ratio of the last size to the first: about 1 when the cost per event
 does not grow with the thread (the reducer's indexes, lazy joins and in-place
 patches), far above 1 when it does. Not part of the test suite; bounded (a few
@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Any
 
-from agui_hub.reducer import ThreadState
+from agui_hub.agui.reducer import ThreadState
 
 Event = dict[str, Any]
 

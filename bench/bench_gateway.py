@@ -75,11 +75,11 @@ from typing import Any, cast
 
 import msgpack
 
-from agui_hub.codec import Encoding, encode_msgpack
-from agui_hub.events import validate_wire
-from agui_hub.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, event_frame
-from agui_hub.redis_store import RedisStore
-from agui_hub.store import EventInput
+from agui_hub.agui.events import validate_wire
+from agui_hub.store.contract import EventInput
+from agui_hub.store.redis import RedisStore
+from agui_hub.wire.codec import Encoding, encode_msgpack
+from agui_hub.wire.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, event_frame
 
 HOST = "127.0.0.1"
 MESSAGE_LEN = 500

@@ -116,8 +116,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gateway as bg
 from bench_gateway import Child, Client, CpuMeter, percentile, settle
 
-from agui_hub.codec import encode_msgpack
-from agui_hub.store import EventInput
+from agui_hub.store.contract import EventInput
+from agui_hub.wire.codec import encode_msgpack
 
 HOST = bg.HOST
 NO_LIMIT = "1000000000"

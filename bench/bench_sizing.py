@@ -44,9 +44,9 @@ from bench_store import free_port, start_redis  # the same redis-server, no pers
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
-from agui_hub.demo import demo_run
-from agui_hub.redis_store import RedisStore
-from agui_hub.store import EventInput
+from agui_hub.cli.demo import demo_run
+from agui_hub.store.contract import EventInput
+from agui_hub.store.redis import RedisStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ async def gateway_per_connection(store: str, connections: int, threads: int) -> 
         await wait_port(port)
         url = f"ws://127.0.0.1:{port}/"
         names = [f"size-{uuid.uuid4().hex[:8]}-{i}" for i in range(threads)]
-        from agui_hub.publisher import Publisher
+        from agui_hub.client.publisher import Publisher
 
         async with Publisher(url) as publisher:
             for index, name in enumerate(names):

@@ -34,8 +34,8 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 
-from agui_hub.redis_store import RedisStore, stream_key
-from agui_hub.store import START, EventInput, Retention
+from agui_hub.store.contract import START, EventInput, Retention
+from agui_hub.store.redis import RedisStore, stream_key
 
 PIPELINE_DEPTH = 100
 

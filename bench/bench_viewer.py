@@ -47,8 +47,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agui_hub.demo import demo_run
-from agui_hub.publisher import Publisher
+from agui_hub.cli.demo import demo_run
+from agui_hub.client.publisher import Publisher
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]

@@ -1,4 +1,4 @@
-"""Tests of agui_hub.auth: grant patterns and grants, scoped event ids, where a
+"""Tests of agui_hub.gateway.auth: grant patterns and grants, scoped event ids, where a
 handshake carries its token, JWT settings, token verification (HS256, RS256,
 ES256, JWKS), revocation, reloading key and revocation files, encode_token.
 
@@ -27,7 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.datastructures import Headers
 
-from agui_hub.auth import (
+from agui_hub.errors import Forbidden, Unauthorized
+from agui_hub.gateway.auth import (
     ANONYMOUS_SUBJECT,
     ASYMMETRIC_ALGORITHMS,
     MAX_PATTERN_LENGTH,
@@ -48,7 +49,6 @@ from agui_hub.auth import (
     redact,
     scoped_event_id,
 )
-from agui_hub.errors import Forbidden, Unauthorized
 
 SECRET = "0123456789abcdef0123456789abcdef-test"  # 37 bytes
 OTHER_SECRET = "fedcba9876543210fedcba9876543210-other"

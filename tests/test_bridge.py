@@ -1,6 +1,6 @@
 """Tests of agui_hub/bridge.py: runs of a real upstream AG-UI agent (tests/upstream_agent.py,
-over loopback HTTP) through the :class:`~agui_hub.bridge.Bridge` of a real in-process
-:class:`~agui_hub.server.Gateway`, on the memory store and on Redis.
+over loopback HTTP) through the :class:`~agui_hub.bridge.runs.Bridge` of a real in-process
+:class:`~agui_hub.gateway.server.Gateway`, on the memory store and on Redis.
 
 Runs are started with ``gateway.bridge.start(...)`` or :meth:`HubClient.run` over WebSocket;
 what they leave in the thread is read back from the store (or a subscription) and compared
@@ -34,8 +34,9 @@ import httpx
 import msgpack
 import pytest
 
-from agui_hub.bridge import BridgedRun, RunState
-from agui_hub.client import HubClient, ThreadEvent
+from agui_hub.agui.reducer import fold
+from agui_hub.bridge.runs import BridgedRun, RunState
+from agui_hub.client.hub_client import HubClient, ThreadEvent
 from agui_hub.errors import (
     CommandRejected,
     InvalidEvent,
@@ -45,11 +46,10 @@ from agui_hub.errors import (
     TooManyRuns,
     UnknownAgent,
 )
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import fold
-from agui_hub.server import Gateway, GatewayConfig
-from agui_hub.store import ThreadStore
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.store.contract import ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .upstream_agent import (

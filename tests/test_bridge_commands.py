@@ -33,13 +33,13 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from agui_hub.auth import encode_token
-from agui_hub.client import HubClient, Subscribed, Subscription, ThreadEvent
+from agui_hub.client.hub_client import HubClient, Subscribed, Subscription, ThreadEvent
 from agui_hub.errors import CommandRejected, InvalidEvent
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.server import Gateway, GatewayConfig
-from agui_hub.store import ThreadStore
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.store.contract import ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .upstream_agent import UpstreamAgent, ok_events, ok_transcript_text, serve_agent

@@ -32,15 +32,15 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from agui_hub import hub as hub_module
-from agui_hub import memory_store as memory_store_module
+from agui_hub.agui.reducer import fold
+from agui_hub.client.publisher import Publisher
 from agui_hub.errors import AguiHubError, OffsetExpired, StoreUnavailable
-from agui_hub.memory_store import MemoryStore
-from agui_hub.offsets import START, offset_key
-from agui_hub.publisher import Publisher
-from agui_hub.redis_store import RedisStore, notify_channel, stream_key
-from agui_hub.reducer import fold
-from agui_hub.store import Checkpoint, EventInput, FeedSubscription, Retention, ThreadStore
+from agui_hub.gateway import channels as hub_module
+from agui_hub.store import memory as memory_store_module
+from agui_hub.store.contract import Checkpoint, EventInput, FeedSubscription, Retention, ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore, notify_channel, stream_key
+from agui_hub.wire.offsets import START, offset_key
 
 from . import test_server
 from .conftest import TIMEOUT_SCALE, RedisServer

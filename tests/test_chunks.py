@@ -1,4 +1,4 @@
-"""Tests for agui_hub.chunks: expanding *_CHUNK events into START / CONTENT / END."""
+"""Tests for agui_hub.agui.chunks: expanding *_CHUNK events into START / CONTENT / END."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agui_hub import chunks
-from agui_hub.chunks import ChunkExpander, expand_chunks
-from agui_hub.errors import ChunkError, SequenceError
-from agui_hub.events import (
+from agui_hub.agui import chunks
+from agui_hub.agui.chunks import ChunkExpander, expand_chunks
+from agui_hub.agui.events import (
     EventType,
     TextMessageChunkEvent,
     ToolCallChunkEvent,
     validate_wire,
 )
-from agui_hub.sequence import SequenceVerifier
+from agui_hub.agui.sequence import SequenceVerifier
+from agui_hub.errors import ChunkError, SequenceError
 
 Event = dict[str, Any]
 

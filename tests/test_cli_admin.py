@@ -2,7 +2,7 @@
 processes against real redis-server processes.
 
 Every command is ``python -m agui_hub.cli ...`` in a subprocess. The threads
-they look at are published with :class:`~agui_hub.publisher.Publisher` into the
+they look at are published with :class:`~agui_hub.client.publisher.Publisher` into the
 shared ``redis_server`` under a key prefix of each test's own; ``check`` runs
 against redis-servers of its own, started with the settings under test
 (:class:`ConfiguredRedis`), and against a port nobody listens on.
@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from agui_hub.offsets import offset_key
-from agui_hub.publisher import Publisher
-from agui_hub.store import Checkpoint, ThreadInfo, open_store
+from agui_hub.client.publisher import Publisher
+from agui_hub.store import open_store
+from agui_hub.store.contract import Checkpoint, ThreadInfo
+from agui_hub.wire.offsets import offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .processes import CLI, ROOT, child_env
@@ -351,7 +352,7 @@ def test_an_unreachable_store_exits_1_and_check_exits_2():
 
 def test_without_the_redis_package_threads_exits_1_and_check_2():
     program = [sys.executable, "-c", "import sys; sys.modules['redis'] = None; "
-               "from agui_hub.cli import main; sys.exit(main())"]  # fmt: skip
+               "from agui_hub.cli.commands import main; sys.exit(main())"]  # fmt: skip
     url = f"redis://127.0.0.1:{free_port()}/0"
     threads = cli("threads", "--store", url, program=program)
     assert threads.code == 1 and "pip install 'agui-hub[redis]'" in threads.err, threads

@@ -1,4 +1,4 @@
-"""agui_hub.client against real gateways on 127.0.0.1 (docs/protocol.md).
+"""agui_hub.client.hub_client against real gateways on 127.0.0.1 (docs/protocol.md).
 
 Every test starts in-process :class:`Gateway` instances on loopback ports,
 connects :class:`HubClient` objects over real WebSockets (msgpack and JSON)
@@ -31,8 +31,9 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from agui_hub.auth import Anonymous, Credentials, Grants, Identity, TokenSource
-from agui_hub.client import (
+from agui_hub.agui.reducer import fold
+from agui_hub.agui.sequence import SequenceVerifier
+from agui_hub.client.hub_client import (
     ClientState,
     HubClient,
     Item,
@@ -42,7 +43,6 @@ from agui_hub.client import (
     Subscription,
     ThreadEvent,
 )
-from agui_hub.codec import decode
 from agui_hub.errors import (
     ClientError,
     CommandRejected,
@@ -54,15 +54,15 @@ from agui_hub.errors import (
     SequenceError,
     Unauthorized,
 )
-from agui_hub.memory_store import MemoryStore
-from agui_hub.offsets import offset_key
-from agui_hub.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, CloseCode
-from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import fold
-from agui_hub.sequence import SequenceVerifier
-from agui_hub.server import Connection, ConnectionState, Gateway, GatewayConfig
-from agui_hub.store import Retention, ThreadStore
-from agui_hub.writer import ThreadWriter
+from agui_hub.gateway.auth import Anonymous, Credentials, Grants, Identity, TokenSource
+from agui_hub.gateway.server import Connection, ConnectionState, Gateway, GatewayConfig
+from agui_hub.gateway.writer import ThreadWriter
+from agui_hub.store.contract import Retention, ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
+from agui_hub.wire.codec import decode
+from agui_hub.wire.offsets import offset_key
+from agui_hub.wire.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, CloseCode
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .runs import realistic_run

@@ -1,6 +1,6 @@
 """HubClient authentication against a real in-process gateway with JWT (docs/client.md).
 
-Tokens are HS256 JWTs minted with :func:`agui_hub.auth.encode_token`; the
+Tokens are HS256 JWTs minted with :func:`agui_hub.gateway.auth.encode_token`; the
 gateway runs with ``jwt_leeway=0`` so that a token of a few seconds expires
 when its ``exp`` says. Covered: a token in the handshake, a connection
 authenticated afterwards with ``auth``, a token provider asked again on the
@@ -27,19 +27,26 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from agui_hub.auth import Action, encode_token
-from agui_hub.client import Authenticated, HubClient, Item, Subscribed, Subscription, ThreadEvent
+from agui_hub.client.hub_client import (
+    Authenticated,
+    HubClient,
+    Item,
+    Subscribed,
+    Subscription,
+    ThreadEvent,
+)
+from agui_hub.client.publisher import Publisher
 from agui_hub.errors import (
     CommandRejected,
     ConnectionRejected,
     HubUnreachable,
     RateLimited,
 )
-from agui_hub.memory_store import MemoryStore
-from agui_hub.protocol import SUBPROTOCOL_MSGPACK, CloseCode
-from agui_hub.publisher import Publisher
-from agui_hub.server import Connection, Gateway, GatewayConfig
-from agui_hub.writer import ThreadWriter
+from agui_hub.gateway.auth import Action, encode_token
+from agui_hub.gateway.server import Connection, Gateway, GatewayConfig
+from agui_hub.gateway.writer import ThreadWriter
+from agui_hub.store.memory import MemoryStore
+from agui_hub.wire.protocol import SUBPROTOCOL_MSGPACK, CloseCode
 
 from .conftest import TIMEOUT_SCALE
 

@@ -1,4 +1,4 @@
-"""Tests of agui_hub.codec: msgpack and JSON encodings, size limits, bad bytes."""
+"""Tests of agui_hub.wire.codec: msgpack and JSON encodings, size limits, bad bytes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agui_hub.codec import (
+from agui_hub.errors import DecodeError, InvalidEvent, PayloadTooLarge, ProtocolError
+from agui_hub.wire.codec import (
     DEFAULT_MAX_SIZE,
     Encoding,
     decode,
@@ -21,7 +22,6 @@ from agui_hub.codec import (
     encode,
     encode_event,
 )
-from agui_hub.errors import DecodeError, InvalidEvent, PayloadTooLarge, ProtocolError
 
 EVENT = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "héllo ✓", "x-extra": None}
 

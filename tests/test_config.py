@@ -1,4 +1,4 @@
-"""Tests of agui_hub.config: GatewayConfig's checks, from_env (defaults < TOML file <
+"""Tests of agui_hub.gateway.config: GatewayConfig's checks, from_env (defaults < TOML file <
 AGUI_HUB_* variables < overrides), setting_kinds, build_authenticator, is_loopback,
 raise_open_file_limit and SETTING_GROUPS.
 
@@ -25,7 +25,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from agui_hub.auth import (
+from agui_hub.gateway.auth import (
     ANONYMOUS_SUBJECT,
     Action,
     Anonymous,
@@ -33,7 +33,7 @@ from agui_hub.auth import (
     JWTAuthenticator,
     encode_token,
 )
-from agui_hub.config import (
+from agui_hub.gateway.config import (
     SETTING_GROUPS,
     GatewayConfig,
     build_authenticator,
@@ -522,7 +522,7 @@ def test_split_list() -> None:
 
 CHILD = """
 import json, resource
-from agui_hub.config import raise_open_file_limit
+from agui_hub.gateway.config import raise_open_file_limit
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 lowered = LOWER and (hard == resource.RLIM_INFINITY or hard > 256)
 if lowered:

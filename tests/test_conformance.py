@@ -25,13 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
 
-from agui_hub.chunks import ChunkExpander
-from agui_hub.demo import demo_run
+from agui_hub.agui.chunks import ChunkExpander
+from agui_hub.agui.reducer import ThreadState, fold
+from agui_hub.agui.sequence import SequenceVerifier
+from agui_hub.cli.demo import demo_run
 from agui_hub.errors import ChunkError, ProtocolError
-from agui_hub.memory_store import MemoryStore
-from agui_hub.reducer import ThreadState, fold
-from agui_hub.sequence import SequenceVerifier
-from agui_hub.writer import ThreadWriter
+from agui_hub.gateway.writer import ThreadWriter
+from agui_hub.store.memory import MemoryStore
 
 from .runs import realistic_run
 from .streams import valid_streams
@@ -128,7 +128,7 @@ async def test_a_refused_chunk_through_the_gateway_is_a_chunk_error_frame() -> N
 
     from websockets.asyncio.client import connect
 
-    from agui_hub.server import Gateway, GatewayConfig
+    from agui_hub.gateway.server import Gateway, GatewayConfig
 
     gateway = Gateway(GatewayConfig(port=0, ping_interval=None), store=MemoryStore())
     await gateway.start()
@@ -223,7 +223,7 @@ def chunk_streams(draw: st.DrawFn) -> list[Event]:
 def test_the_writer_refuses_what_the_rules_refuse_at_the_same_index(events: list[Event]) -> None:
     import asyncio
 
-    from agui_hub.events import validate_wire
+    from agui_hub.agui.events import validate_wire
 
     try:
         wires = [validate_wire(e) for e in events]

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from agui_hub import server
-from agui_hub.codec import Encoding
-from agui_hub.protocol import CloseCode, encode_frame, pong_frame
-from agui_hub.server import Connection, ConnectionState, Gateway
+from agui_hub.gateway import server
+from agui_hub.gateway.server import Connection, ConnectionState, Gateway
+from agui_hub.wire.codec import Encoding
+from agui_hub.wire.protocol import CloseCode, encode_frame, pong_frame
 
 from .conftest import TIMEOUT_SCALE
 from .test_server import JSON, MSGPACK, WAIT, Client, Frame, Harness, memory_store, text_deltas

@@ -1,4 +1,4 @@
-"""Tests of agui_hub.demo: the run ``agui-hub demo`` publishes."""
+"""Tests of agui_hub.cli.demo: the run ``agui-hub demo`` publishes."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import copy
 import json
 from typing import Any
 
-from agui_hub.demo import demo_run
-from agui_hub.events import validate_wire
-from agui_hub.reducer import RunStatus, ThreadState, fold
-from agui_hub.sequence import SequenceVerifier
-from agui_hub.transcript import TranscriptView
+from agui_hub.agui.events import validate_wire
+from agui_hub.agui.reducer import RunStatus, ThreadState, fold
+from agui_hub.agui.sequence import SequenceVerifier
+from agui_hub.cli.demo import demo_run
+from agui_hub.client.transcript import TranscriptView
 
 Event = dict[str, Any]
 

@@ -40,13 +40,14 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from agui_hub.auth import encode_token
-from agui_hub.client import HubClient, Snapshot, Subscribed, ThreadEvent
-from agui_hub.config import GatewayConfig, is_loopback, setting_kinds, unknown_variables
-from agui_hub.demo import demo_run
-from agui_hub.publisher import Publisher
-from agui_hub.store import open_store, parse_store_url
-from agui_hub.workers import STOP_TIMEOUT
+from agui_hub.cli.demo import demo_run
+from agui_hub.client.hub_client import HubClient, Snapshot, Subscribed, ThreadEvent
+from agui_hub.client.publisher import Publisher
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.config import GatewayConfig, is_loopback, setting_kinds, unknown_variables
+from agui_hub.gateway.workers import STOP_TIMEOUT
+from agui_hub.store import open_store
+from agui_hub.store.urls import parse_store_url
 
 from .conftest import TIMEOUT_SCALE
 from .processes import ROOT, GatewayProcess, Gateways, child_env, http_status

@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 
-from agui_hub.auth import encode_token
-from agui_hub.client import HubClient, ThreadEvent
-from agui_hub.config import MIB, SETTING_GROUPS, GatewayConfig
+from agui_hub.client.hub_client import HubClient, ThreadEvent
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.config import MIB, SETTING_GROUPS, GatewayConfig
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import CLI, GatewayProcess, Gateways, child_env

@@ -1,4 +1,4 @@
-"""Tests of :mod:`agui_hub.events`: conformance with the official SDK, round trips, errors.
+"""Tests of :mod:`agui_hub.agui.events`: conformance with the official SDK, round trips, errors.
 
 The conformance corpus (``tests/corpus/events.json``) holds realistic camelCase
 wire examples of every AG-UI 1.0 event type. The official Python SDK
@@ -27,9 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
 
-from agui_hub import events
-from agui_hub.errors import InvalidEvent, ProtocolError
-from agui_hub.events import (
+from agui_hub.agui import events
+from agui_hub.agui.events import (
     FAST_PATH_TYPES,
     MAX_SAFE_INTEGER,
     EventType,
@@ -38,6 +37,7 @@ from agui_hub.events import (
     validate_batch,
     validate_wire,
 )
+from agui_hub.errors import InvalidEvent, ProtocolError
 
 CORPUS_PATH = Path(__file__).parent / "corpus" / "events.json"
 CORPUS: list[dict[str, Any]] = json.loads(CORPUS_PATH.read_text(encoding="utf-8"))

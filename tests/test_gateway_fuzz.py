@@ -2,7 +2,7 @@
 
 A seeded generator (``AGUI_HUB_FUZZ_SEED``, printed with the number of frames
 sent) drives several attacker connections, in both encodings, against an
-in-process :class:`~agui_hub.server.Gateway`: malformed bytes, frames of the
+in-process :class:`~agui_hub.gateway.server.Gateway`: malformed bytes, frames of the
 wrong kind, non-map frames, unknown commands, fields of the wrong type, huge
 ids, deep nesting, lone surrogates, non-ASCII digits in offsets, far-future
 offsets, wrong epochs, out-of-range integers, invalid events, events that
@@ -49,10 +49,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.server import Gateway
-from agui_hub.store import ThreadStore
+from agui_hub.gateway.server import Gateway
+from agui_hub.store.contract import ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import ROOT

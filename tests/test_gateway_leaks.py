@@ -9,7 +9,7 @@ the memory store and on real redis-server processes.
 What "gone" means here, for a client that left (or stopped reading until the
 gateway gave up on it):
 
-- the gateway holds no :class:`~agui_hub.server.Connection` for it
+- the gateway holds no :class:`~agui_hub.gateway.server.Connection` for it
   (``gateway.connections``) and the thread's channel no member for it;
 - once no viewer of a thread is left: no channel for the thread
   (``gateway.hub.channels``), no live feed in the store
@@ -49,10 +49,11 @@ import redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore, notify_channel
-from agui_hub.server import Gateway
-from agui_hub.store import EventInput, ThreadStore, open_store
+from agui_hub.gateway.server import Gateway
+from agui_hub.store import open_store
+from agui_hub.store.contract import EventInput, ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore, notify_channel
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import GatewayProcess, start_gateway

@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from websockets.asyncio.client import connect
 
-from agui_hub.auth import encode_token
-from agui_hub.memory_store import MemoryStore
-from agui_hub.server import Gateway, GatewayConfig
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.store.memory import MemoryStore
 
 from .conftest import TIMEOUT_SCALE
 from .processes import CLI, ROOT, child_env
@@ -191,7 +191,7 @@ def test_settings_that_cannot_be_served_are_usage_errors(
 def test_failed_accepts_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     """asyncio logs a traceback per failed accept; the gateway's handler, one line
     per interval with a count (the old bug: 40,482 tracebacks in 23 s)."""
-    from agui_hub.server import _AcceptFailures
+    from agui_hub.gateway.server import _AcceptFailures
 
     passed: list[dict[str, object]] = []
     handler = _AcceptFailures(lambda loop, context: passed.append(context))
@@ -215,7 +215,7 @@ async def test_connections_and_a_summary_are_logged_at_info(
 ) -> None:
     """An INFO line per connection opened and closed (close code, duration), and a
     summary line per interval: what an operator reads without turning on DEBUG."""
-    import agui_hub.server as server
+    import agui_hub.gateway.server as server
 
     monkeypatch.setattr(server, "SUMMARY_INTERVAL", 0.3)
     caplog.set_level(logging.INFO, logger="agui_hub.server")

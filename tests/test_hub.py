@@ -1,4 +1,4 @@
-"""The fan-out core (agui_hub.hub) with an in-memory subscriber: no sockets."""
+"""The fan-out core (agui_hub.gateway.channels) with an in-memory subscriber: no sockets."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from agui_hub import hub as hub_module
-from agui_hub.codec import Encoding
-from agui_hub.memory_store import MemoryStore
-from agui_hub.protocol import CloseCode, Position, StartKind
-from agui_hub.reducer import fold
-from agui_hub.store import EventInput, Retention
+from agui_hub.agui.reducer import fold
+from agui_hub.gateway import channels as hub_module
+from agui_hub.store.contract import EventInput, Retention
+from agui_hub.store.memory import MemoryStore
+from agui_hub.wire.codec import Encoding
+from agui_hub.wire.protocol import CloseCode, Position, StartKind
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""A channel's latest entries in memory (agui_hub.hub): resumes and catch-ups
+"""A channel's latest entries in memory (agui_hub.gateway.channels): resumes and catch-ups
 served without store reads, within the channel's bounds and the hub's budget,
 and falling back to the store whenever memory does not hold all they need."""
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agui_hub import hub as hub_module
-from agui_hub.codec import Encoding
-from agui_hub.memory_store import MemoryStore
-from agui_hub.protocol import CloseCode, Position, StartKind
+from agui_hub.gateway import channels as hub_module
+from agui_hub.store.memory import MemoryStore
+from agui_hub.wire.codec import Encoding
+from agui_hub.wire.protocol import CloseCode, Position, StartKind
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from agui_hub.auth import encode_token
-from agui_hub.client import HubClient, ThreadEvent
+from agui_hub.client.hub_client import HubClient, ThreadEvent
+from agui_hub.gateway.auth import encode_token
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .nodejs import JS_DIR, STATIC_DIR, node, run_node

@@ -27,14 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from agui_hub import __version__
-from agui_hub import server as server_module
-from agui_hub.auth import encode_token
 from agui_hub.errors import StoreUnavailable
-from agui_hub.memory_store import MemoryStore
-from agui_hub.metrics import LOOP_PROBE_INTERVAL
-from agui_hub.redis_store import RedisStore
-from agui_hub.server import ConnectionState, Gateway
-from agui_hub.store import EventInput, Expected, Offset, Retention
+from agui_hub.gateway import server as server_module
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.metrics import LOOP_PROBE_INTERVAL
+from agui_hub.gateway.server import ConnectionState, Gateway
+from agui_hub.store.contract import EventInput, Expected, Offset, Retention
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import Gateways, http_status

@@ -5,7 +5,7 @@ runs ``js/test/agent-driver.mjs``, which drives a ``HubAgent``
 (``js/dist/agent.js``) through the official pipeline: ``connectAgent()`` /
 ``runAgent()`` with its chunk expansion, ``verifyEvents`` and default reducer,
 all from the real npm packages. The verdict is the agent's ``messages`` and
-``state`` against the hub's own reducer (:mod:`agui_hub.reducer`, folded by
+``state`` against the hub's own reducer (:mod:`agui_hub.agui.reducer`, folded by
 the Python client from the thread's start): they must be equal, and the
 official client must not have warned or failed on anything the hub delivered.
 
@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from agui_hub.client import HubClient, Subscribed
-from agui_hub.demo import demo_run
-from agui_hub.offsets import offset_key
-from agui_hub.publisher import Publisher
+from agui_hub.cli.demo import demo_run
+from agui_hub.client.hub_client import HubClient, Subscribed
+from agui_hub.client.publisher import Publisher
 from agui_hub.store import open_store
+from agui_hub.wire.offsets import offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .nodejs import JS_DIR, node

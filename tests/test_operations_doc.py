@@ -7,8 +7,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from agui_hub.cli import build_parser
-from agui_hub.config import CLIENT_VARIABLES, GatewayConfig, setting_kinds
+from agui_hub.cli.commands import build_parser
+from agui_hub.gateway.config import CLIENT_VARIABLES, GatewayConfig, setting_kinds
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
 ROW = re.compile(r"^\| `(AGUI_HUB_[A-Z_]+)` \| `(--[a-z-]+)` \| ([^|]+) \| [^|]+ \|$", re.M)

@@ -59,9 +59,9 @@ def test_client_publisher_and_memory_gateway_run_without_redis() -> None:
     result = run_without_redis(
         """
         import asyncio, sys
-        from agui_hub.client import HubClient, ThreadEvent
-        from agui_hub.publisher import Publisher
-        from agui_hub.server import Gateway, GatewayConfig
+        from agui_hub.client.hub_client import HubClient, ThreadEvent
+        from agui_hub.client.publisher import Publisher
+        from agui_hub.gateway.server import Gateway, GatewayConfig
         from agui_hub import cli  # the command line imports too
 
         async def main():
@@ -104,7 +104,7 @@ def test_a_redis_url_without_redis_says_what_to_install() -> None:
     cli = run_without_redis(
         """
         import sys
-        from agui_hub.cli import main
+        from agui_hub.cli.commands import main
         sys.exit(main(["replay", "t", "--url", "redis://127.0.0.1:6379/0"]))
         """
     )

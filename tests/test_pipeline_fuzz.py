@@ -15,11 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agui_hub.chunks import ChunkExpander
+from agui_hub.agui.chunks import ChunkExpander
+from agui_hub.agui.events import validate_wire
+from agui_hub.agui.reducer import ThreadState, fold
+from agui_hub.agui.sequence import SequenceVerifier
 from agui_hub.errors import ProtocolError
-from agui_hub.events import validate_wire
-from agui_hub.reducer import ThreadState, fold
-from agui_hub.sequence import SequenceVerifier
 
 CORPUS = [
     entry["event"]

@@ -25,15 +25,15 @@ import msgpack
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from agui_hub.client import HubClient
+from agui_hub.client.hub_client import HubClient
+from agui_hub.client.publisher import Publisher
 from agui_hub.errors import ProtocolError, SequenceError, StoreUnavailable
-from agui_hub.memory_store import MemoryStore
-from agui_hub.offsets import START, Offset, offset_key
-from agui_hub.publisher import Publisher
-from agui_hub.redis_store import RedisStore
-from agui_hub.server import Gateway, GatewayConfig
-from agui_hub.store import EventInput, Expected, ThreadStore, encode_event_data
-from agui_hub.writer import GROUP_BYTES, GROUP_EVENTS, SequenceCheck, ThreadWriter
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.gateway.writer import GROUP_BYTES, GROUP_EVENTS, SequenceCheck, ThreadWriter
+from agui_hub.store.contract import EventInput, Expected, ThreadStore, encode_event_data
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
+from agui_hub.wire.offsets import START, Offset, offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .proxy import FaultProxy

@@ -1,4 +1,4 @@
-"""Unit tests of agui_hub.protocol (docs/protocol.md), sans I/O: bytes in, frames out."""
+"""Unit tests of agui_hub.wire.protocol (docs/protocol.md), sans I/O: bytes in, frames out."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agui_hub.codec import DEFAULT_MAX_SIZE, Encoding, encode_msgpack
 from agui_hub.errors import InvalidEvent
-from agui_hub.offsets import check_thread
-from agui_hub.protocol import (
+from agui_hub.wire.codec import DEFAULT_MAX_SIZE, Encoding, encode_msgpack
+from agui_hub.wire.offsets import check_thread
+from agui_hub.wire.protocol import (
     MAX_EVENTS_PER_PUBLISH,
     SUBPROTOCOL_JSON,
     SUBPROTOCOL_MSGPACK,

@@ -1,4 +1,4 @@
-"""Publisher (agui_hub.publisher): one API over a store URL or a gateway's ws:// URL.
+"""Publisher (agui_hub.client.publisher): one API over a store URL or a gateway's ws:// URL.
 
 Each behaviour runs against four backends: ``memory://`` (the publisher's
 own in-process store), ``redis://…?prefix=<unique>`` on the session
@@ -28,14 +28,14 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.frames import Frame, Opcode
 
-from agui_hub import events as models
+from agui_hub.agui import events as models
+from agui_hub.client.publisher import Publisher, SequenceCheck
 from agui_hub.errors import HubUnreachable, InvalidEvent, SequenceError, StoreUnavailable
-from agui_hub.memory_store import MemoryStore
-from agui_hub.offsets import START, offset_key
-from agui_hub.publisher import Publisher, SequenceCheck
-from agui_hub.redis_store import RedisStore, stream_key
-from agui_hub.server import Gateway, GatewayConfig
-from agui_hub.store import Offset, ThreadStore
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.store.contract import Offset, ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore, stream_key
+from agui_hub.wire.offsets import START, offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .proxy import FaultProxy, WebSocketPayloads

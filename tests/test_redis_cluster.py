@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from redis.crc import key_slot
 
-from agui_hub.client import HubClient, Item, Snapshot, ThreadEvent
+from agui_hub.client.hub_client import HubClient, Item, Snapshot, ThreadEvent
+from agui_hub.client.publisher import Publisher
 from agui_hub.errors import AppendConflict, StoreError, StoreUnavailable, ThreadReset
-from agui_hub.publisher import Publisher
-from agui_hub.redis_cluster import cluster_options
-from agui_hub.redis_store import RedisStore, stream_key
-from agui_hub.store import (
+from agui_hub.store.cluster import cluster_options
+from agui_hub.store.contract import (
     START,
     Checkpoint,
     EventInput,
@@ -28,6 +27,7 @@ from agui_hub.store import (
     Retention,
     offset_key,
 )
+from agui_hub.store.redis import RedisStore, stream_key
 
 from .conftest import TIMEOUT_SCALE
 from .processes import Gateways, http_status

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from agui_hub.errors import OffsetExpired
-from agui_hub.redis_store import RedisStore, notify_channel, stream_key
-from agui_hub.store import START, Entry, EventInput, FeedSubscription, Retention
+from agui_hub.store.contract import START, Entry, EventInput, FeedSubscription, Retention
+from agui_hub.store.redis import RedisStore, notify_channel, stream_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .streams import collect
@@ -234,7 +234,7 @@ async def test_entries_trimmed_by_their_own_append_are_not_carried(
 
 
 async def test_a_conditional_append_carries_its_entries(store: RedisStore) -> None:
-    from agui_hub.store import Expected
+    from agui_hub.store.contract import Expected
 
     (first,) = await store.append("t", [item(0)])
     epoch = await store.epoch("t")

@@ -1,4 +1,4 @@
-"""Redis-only behaviour of agui_hub.redis_store, on real redis-server processes."""
+"""Redis-only behaviour of agui_hub.store.redis, on real redis-server processes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-import agui_hub.redis_store as redis_store
+import agui_hub.store.redis as redis_store
 from agui_hub.errors import OffsetExpired, StoreUnavailable, ThreadReset, TooManyThreads
-from agui_hub.redis_store import (
+from agui_hub.gateway.writer import ThreadWriter
+from agui_hub.store.contract import START, EventInput, FeedState, Retention, encode_event_data
+from agui_hub.store.redis import (
     RedisStore,
     durability_problems,
     meta_key,
@@ -20,8 +22,6 @@ from agui_hub.redis_store import (
     stream_key,
     tenant_key,
 )
-from agui_hub.store import START, EventInput, FeedState, Retention, encode_event_data
-from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .streams import collect

@@ -1,4 +1,4 @@
-"""Tests of agui_hub.reducer: folding events into a ThreadState and compacting it."""
+"""Tests of agui_hub.agui.reducer: folding events into a ThreadState and compacting it."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agui_hub.agui.events import validate_wire
+from agui_hub.agui.reducer import RunStatus, StateDocuments, StateLimits, ThreadState, fold
+from agui_hub.agui.sequence import SequenceVerifier
 from agui_hub.errors import InvalidEvent, LimitExceeded, PatchError, ProtocolError
-from agui_hub.events import validate_wire
-from agui_hub.reducer import RunStatus, StateDocuments, StateLimits, ThreadState, fold
-from agui_hub.sequence import SequenceVerifier
 
 from .streams import valid_streams
 

@@ -3,7 +3,7 @@
 Most tests run real ``agui-hub serve`` processes (``--jwt-secret-file``) on
 loopback ports, on the memory store and on a real redis-server, and talk to
 them over real sockets with a small JSON client (:class:`Peer`). Tokens are
-HS256 JWTs minted with :func:`agui_hub.auth.encode_token`. Covered:
+HS256 JWTs minted with :func:`agui_hub.gateway.auth.encode_token`. Covered:
 
 * tenant isolation: a token for ``tenant-a/*`` can neither read (live, start,
   snapshot, offset) nor write tenant B's threads, and nothing of it is stored;
@@ -47,12 +47,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Response
 
-from agui_hub.auth import encode_token
 from agui_hub.errors import InvalidEvent
-from agui_hub.memory_store import MemoryStore
-from agui_hub.offsets import check_thread
-from agui_hub.server import Gateway, GatewayConfig
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store import open_store
+from agui_hub.store.memory import MemoryStore
+from agui_hub.wire.offsets import check_thread
 
 from . import processes
 from .conftest import TIMEOUT_SCALE, RedisServer
@@ -1467,7 +1467,7 @@ async def test_refusals_quote_nothing_in_www_authenticate(in_process: Any) -> No
 
 
 def test_ipv6_clients_are_counted_by_their_64() -> None:
-    from agui_hub.server import _address
+    from agui_hub.gateway.server import _address
 
     class Remote:
         def __init__(self, address: Any) -> None:

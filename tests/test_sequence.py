@@ -1,4 +1,4 @@
-"""Tests of agui_hub.sequence: the per-thread AG-UI 1.0 sequence verifier."""
+"""Tests of agui_hub.agui.sequence: the per-thread AG-UI 1.0 sequence verifier."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agui_hub import sequence
+from agui_hub.agui import sequence
+from agui_hub.agui.events import TextMessageStartEvent, validate_wire
+from agui_hub.agui.sequence import RULES, SequenceVerifier
 from agui_hub.errors import SequenceError
-from agui_hub.events import TextMessageStartEvent, validate_wire
-from agui_hub.sequence import RULES, SequenceVerifier
 
 Ev = dict[str, Any]
 THREAD = "thread-1"

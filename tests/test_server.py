@@ -24,13 +24,13 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from agui_hub import server
+from agui_hub.agui.reducer import fold
 from agui_hub.errors import StoreError
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import fold
-from agui_hub.server import ConnectionState, Gateway, GatewayConfig
-from agui_hub.store import Retention, ThreadStore
+from agui_hub.gateway import server
+from agui_hub.gateway.server import ConnectionState, Gateway, GatewayConfig
+from agui_hub.store.contract import Retention, ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .runs import realistic_run

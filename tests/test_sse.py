@@ -4,7 +4,7 @@ rules (line endings, fields, comments, the byte-order mark, cut-off events), its
 :func:`encode_event` / :func:`encode_comment` read back through the parser, including a
 property test over random data, ids, event names and chunkings; the parser's work staying
 linear in the bytes fed (runs of blank lines, a long line in small chunks), and
-:class:`~agui_hub.sse.SseTooLarge` handing on the events a chunk completed before its bound."""
+:class:`~agui_hub.wire.sse.SseTooLarge` handing on the events a chunk completed before its bound."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agui_hub.errors import PayloadTooLarge
-from agui_hub.sse import SseEvent, SseParser, SseTooLarge, encode_comment, encode_event
+from agui_hub.wire.sse import SseEvent, SseParser, SseTooLarge, encode_comment, encode_event
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,9 +21,8 @@ from agui_hub.errors import (
     ThreadReset,
     TooManyThreads,
 )
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.store import (
+from agui_hub.store import open_store
+from agui_hub.store.contract import (
     START,
     Available,
     Checkpoint,
@@ -33,11 +32,11 @@ from agui_hub.store import (
     ThreadStore,
     encode_event_data,
     offset_key,
-    open_store,
-    parse_store_url,
-    redact_url,
     tenant_of,
 )
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
+from agui_hub.store.urls import parse_store_url, redact_url
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .streams import collect
@@ -534,7 +533,7 @@ async def test_read_available_keeps_up_with_a_producer_that_trims(
     """max_len 20 and a producer appending flat out: where info() then read()
     raced into OffsetExpired, read_available always answers, and its entries
     are a gap-free run that ends at most at the head."""
-    import agui_hub.redis_store as redis_store
+    import agui_hub.store.redis as redis_store
 
     monkeypatch.setattr(redis_store, "READ_PAGE", 4)  # several pages per call on Redis
     store = await make_store(Retention(max_len=20))

@@ -15,9 +15,12 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-import agui_hub.redis_store as redis_store
+import agui_hub.store.redis as redis_store
 from agui_hub.errors import StoreError, StoreUnavailable, ThreadReset
-from agui_hub.redis_store import (
+from agui_hub.gateway.writer import ThreadWriter
+from agui_hub.store import open_store
+from agui_hub.store.contract import START, Checkpoint, EventInput, FeedState, Retention
+from agui_hub.store.redis import (
     RedisStore,
     durability_problems,
     ids_key,
@@ -25,8 +28,6 @@ from agui_hub.redis_store import (
     notify_channel,
     stream_key,
 )
-from agui_hub.store import START, Checkpoint, EventInput, FeedState, Retention, open_store
-from agui_hub.writer import ThreadWriter
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .streams import collect

@@ -1,4 +1,4 @@
-"""Tests of agui_hub.transcript: the chat-transcript rendering behind ``agui-hub tail``."""
+"""Tests of agui_hub.client.transcript: the chat-transcript rendering behind ``agui-hub tail``."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agui_hub.cli import OffsetFile
-from agui_hub.demo import demo_run
-from agui_hub.events import EventType
-from agui_hub.protocol import Position
-from agui_hub.transcript import LIMIT, TranscriptView
+from agui_hub.agui.events import EventType
+from agui_hub.cli.commands import OffsetFile
+from agui_hub.cli.demo import demo_run
+from agui_hub.client.transcript import LIMIT, TranscriptView
+from agui_hub.wire.protocol import Position
 
 from .conftest import TIMEOUT_SCALE
 from .processes import CLI, ROOT, child_env, start_gateway
@@ -86,7 +86,7 @@ def resumed_render(
     """What ``tail --offset-file`` prints over the lives that *cuts* make.
 
     Each life renders its events, saving the position and the view's state in
-    the offset file after each one (:class:`agui_hub.cli.OffsetFile`, the
+    the offset file after each one (:class:`agui_hub.cli.commands.OffsetFile`, the
     code ``tail`` uses), and is stopped without writing anything more, as
     ``tail`` is on Ctrl-C or SIGKILL; the next life restores the view from the
     file. With *close*, the last life ends with :meth:`TranscriptView.close`

@@ -15,10 +15,10 @@ import pytest
 from ag_ui.core import Event as SdkEvent
 from pydantic import TypeAdapter, ValidationError
 
-from agui_hub.chunks import expand_chunks
+from agui_hub.agui.chunks import expand_chunks
+from agui_hub.agui.events import parse_event, to_wire
+from agui_hub.agui.sequence import SequenceVerifier
 from agui_hub.errors import InvalidEvent, SequenceError
-from agui_hub.events import parse_event, to_wire
-from agui_hub.sequence import SequenceVerifier
 
 from .conftest import TIMEOUT_SCALE
 from .upstream_agent import UpstreamAgent, ok_transcript_text, serve_agent

@@ -31,11 +31,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
-from agui_hub import server as server_module
-from agui_hub.demo import demo_run
-from agui_hub.memory_store import MemoryStore
-from agui_hub.reducer import fold
-from agui_hub.server import PAGE_POLICY, STATIC_PATHS, Gateway, GatewayConfig
+from agui_hub.agui.reducer import fold
+from agui_hub.cli.demo import demo_run
+from agui_hub.gateway import server as server_module
+from agui_hub.gateway.server import PAGE_POLICY, STATIC_PATHS, Gateway, GatewayConfig
+from agui_hub.store.memory import MemoryStore
 
 from .conftest import TIMEOUT_SCALE
 from .nodejs import STATIC_DIR, node_json, run_node

@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agui_hub.client import HubClient, ThreadEvent
-from agui_hub.demo import demo_run
-from agui_hub.reducer import fold
+from agui_hub.agui.reducer import fold
+from agui_hub.cli.demo import demo_run
+from agui_hub.client.hub_client import HubClient, ThreadEvent
 
 from .conftest import TIMEOUT_SCALE
 from .nodejs import CHROMIUM_ARGS, chromium
@@ -521,7 +521,7 @@ async def test_a_token_goes_only_to_the_gateway_it_was_typed_for(
 async def test_the_indicator_says_when_a_thread_is_not_followed(
     browser: Browser, gateways: Gateways, tmp_path: Path
 ) -> None:
-    from agui_hub.auth import encode_token
+    from agui_hub.gateway.auth import encode_token
 
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)

@@ -4,7 +4,7 @@ Every test starts an in-process :class:`Gateway` with ``http_port=0`` on the mem
 store or a real Redis (the session ``redis_server``, a key prefix per test), and a
 real upstream AG-UI agent (tests/upstream_agent.py) it runs. The tests talk HTTP
 with httpx (a raw socket where a client must stop reading) and WebSocket with
-:class:`~agui_hub.client.HubClient`, and check what they get against what the agent
+:class:`~agui_hub.client.hub_client.HubClient`, and check what they get against what the agent
 sends when POSTed directly and against the events the store holds: ``POST
 /agents/<name>`` relays a run with ``id: <offset>`` on every event and leaves it
 running when the client goes; ``GET /threads/<thread>/events`` streams a thread from
@@ -39,18 +39,18 @@ import httpx
 import msgpack
 import pytest
 
-from agui_hub import server as server_module
-from agui_hub import web as web_module
-from agui_hub.auth import encode_token
-from agui_hub.bridge import UPSTREAM_KEEPALIVE
-from agui_hub.client import HubClient, Subscribed, ThreadEvent
-from agui_hub.config import FD_RESERVE, HANDSHAKE_HEADROOM
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import fold
-from agui_hub.server import Gateway, GatewayConfig
-from agui_hub.store import ThreadStore
-from agui_hub.web import HttpApp
+from agui_hub.agui.reducer import fold
+from agui_hub.bridge.runs import UPSTREAM_KEEPALIVE
+from agui_hub.client.hub_client import HubClient, Subscribed, ThreadEvent
+from agui_hub.gateway import server as server_module
+from agui_hub.gateway import web as web_module
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.config import FD_RESERVE, HANDSHAKE_HEADROOM
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.gateway.web import HttpApp
+from agui_hub.store.contract import ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .upstream_agent import UpstreamAgent, ok_transcript_text, serve_agent
@@ -68,7 +68,7 @@ TERMINAL = {"RUN_FINISHED", "RUN_ERROR"}
 Event = dict[str, Any]
 
 
-# -- SSE, read independently of agui_hub.sse ----------------------------------------------
+# -- SSE, read independently of agui_hub.wire.sse ----------------------------------------------
 
 
 @dataclass

@@ -22,11 +22,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from agui_hub.memory_store import MemoryStore
-from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import fold
-from agui_hub.server import Gateway, GatewayConfig
-from agui_hub.store import ThreadStore
+from agui_hub.agui.reducer import fold
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.store.contract import ThreadStore
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .nodejs import JS_DIR, node

@@ -29,10 +29,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from agui_hub.auth import encode_token
-from agui_hub.cli import build_parser
-from agui_hub.config import SETTING_GROUPS, GatewayConfig
-from agui_hub.workers import WORKER_FLAG
+from agui_hub.cli.commands import build_parser
+from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.config import SETTING_GROUPS, GatewayConfig
+from agui_hub.gateway.workers import WORKER_FLAG
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .processes import CLI, ROOT, GatewayProcess, Gateways, child_env, http_status
@@ -380,7 +380,7 @@ def test_unknown_loop_exits_2() -> None:
 
 
 def test_uvloop_not_installed_is_a_usage_error_with_the_install_line() -> None:
-    program = "import sys; sys.modules['uvloop'] = None; from agui_hub.cli import main; " \
+    program = "import sys; sys.modules['uvloop'] = None; from agui_hub.cli.commands import main; " \
               "sys.exit(main())"  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-c", program, "serve", "--port", str(free_port()), "--loop", "uvloop"],
@@ -549,7 +549,7 @@ def supervise(
     """
     program = (
         "import logging, sys\n"
-        "from agui_hub.workers import Supervisor\n"
+        "from agui_hub.gateway.workers import Supervisor\n"
         "logging.basicConfig(level='INFO', format='%(levelname)s %(message)s')\n"
         f"command = [sys.executable, '-c', {worker_program!r}]\n"
         f"sys.exit(Supervisor(command, 2, {', '.join(options)}).run())\n"

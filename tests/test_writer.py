@@ -1,4 +1,4 @@
-"""ThreadWriter (agui_hub.writer): validate, verify the sequence, append all or nothing.
+"""ThreadWriter (agui_hub.gateway.writer): validate, verify the sequence, append all or nothing.
 
 Every test runs over the memory store and over a real redis-server (the
 session ``redis_server``, isolated by a key prefix per test). "Another
@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 import msgpack
 import pytest
 
+from agui_hub.agui.reducer import StateLimits, ThreadState, fold
 from agui_hub.errors import (
     InvalidEvent,
     LimitExceeded,
@@ -26,11 +27,8 @@ from agui_hub.errors import (
     SequenceError,
     StoreUnavailable,
 )
-from agui_hub.memory_store import MemoryStore
-from agui_hub.offsets import offset_key
-from agui_hub.redis_store import RedisStore
-from agui_hub.reducer import StateLimits, ThreadState, fold
-from agui_hub.store import (
+from agui_hub.gateway.writer import SequenceCheck, ThreadWriter
+from agui_hub.store.contract import (
     START,
     Checkpoint,
     EventInput,
@@ -39,7 +37,9 @@ from agui_hub.store import (
     Retention,
     ThreadStore,
 )
-from agui_hub.writer import SequenceCheck, ThreadWriter
+from agui_hub.store.memory import MemoryStore
+from agui_hub.store.redis import RedisStore
+from agui_hub.wire.offsets import offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .runs import content, end, new_thread, run_finished, run_started, start

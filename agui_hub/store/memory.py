@@ -1,0 +1,320 @@
+"""The in-process thread store (``memory://``): the zero-set-up default.
+
+It is also the reference implementation of :class:`~agui_hub.store.ThreadStore`:
+the contract tests run against it and against Redis with the same
+expectations. Offsets are made like Redis stream ids (``"<ms>-<seq>"``, strictly
+growing even when the clock steps back), every thread gets a random epoch when
+it is created, and retention trims by length, by age and by bytes, expires
+idle threads and bounds the threads of each tenant.
+
+Everything lives in this process: events are gone when it exits, and another
+process cannot see them. Use Redis to share threads between gateways.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import AppendConflict, OffsetExpired
+from .contract import (
+    START,
+    Available,
+    Checkpoint,
+    Entry,
+    EventInput,
+    Expected,
+    FeedSubscription,
+    Offset,
+    Retention,
+    ThreadInfo,
+    check_thread,
+    encode_event_data,
+    offset_key,
+    tenant_of,
+    too_many_threads,
+)
+
+__all__ = ["MemoryStore"]
+
+
+def new_epoch() -> str:
+    """A fresh random epoch."""
+    return secrets.token_hex(8)
+
+
+@dataclass
+class _Thread:
+    epoch: str
+    entries: list[Entry] = field(default_factory=list)
+    keys: list[tuple[int, int]] = field(default_factory=list)
+    ids: dict[str, Offset] = field(default_factory=dict)
+    last: tuple[int, int] = (0, 0)
+    run_id: str | None = None
+    trimmed: Offset | None = None
+    touched: float = 0.0
+    checkpoint: Checkpoint | None = None
+    bytes: int = 0
+    """Sum of ``len(entry.data)`` over ``entries``."""
+
+
+PRUNE_SAMPLE = 64
+"""Threads checked for expiry per try at a full tenant quota."""
+
+
+class MemoryStore:
+    """Thread streams in this process's memory."""
+
+    def __init__(
+        self,
+        *,
+        retention: Retention | None = None,
+        clock: Callable[[], float] = time.time,
+        max_pending_bytes: int | None = None,
+    ) -> None:
+        self.retention = retention or Retention()
+        self._clock = clock
+        self._threads: dict[str, _Thread] = {}
+        self._tenants: dict[str, dict[str, None]] = {}
+        """Each tenant's threads, the longest unchecked first (see _check_quota)."""
+        """Tenant -> its threads (expired ones included until looked at)."""
+        self._subs: dict[str, set[FeedSubscription]] = {}
+        self._max_pending = max_pending_bytes
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _get(self, thread: str) -> _Thread | None:
+        state = self._threads.get(thread)
+        if (
+            state is not None
+            and self.retention.ttl
+            and (self._clock() - state.touched > self.retention.ttl)
+        ):
+            self._drop(thread)  # idle past its TTL: expired whole
+            return None
+        return state
+
+    def _drop(self, thread: str) -> None:
+        del self._threads[thread]
+        tenant = tenant_of(thread)
+        members = self._tenants.get(tenant)
+        if members is not None:
+            members.pop(thread, None)
+            if not members:
+                del self._tenants[tenant]
+
+    def _check_quota(self, thread: str) -> None:
+        """Raise TooManyThreads if creating *thread* would pass its tenant's quota."""
+        limit = self.retention.max_tenant_threads
+        if not limit:
+            return
+        tenant = tenant_of(thread)
+        members = self._tenants.get(tenant, {})
+        if len(members) >= limit:
+            # As the Redis store: at most PRUNE_SAMPLE checks per try, so that a
+            # client trying at its limit costs little whatever the quota.
+            for other in list(itertools.islice(members, PRUNE_SAMPLE)):
+                if self._get(other) is not None:  # else forgotten: it expired
+                    del members[other]
+                    members[other] = None  # checked: to the back of the line
+            if len(members) >= limit:
+                raise too_many_threads(thread, tenant, limit)
+
+    def _next_key(self, state: _Thread) -> tuple[int, int]:
+        ms = int(self._clock() * 1000)
+        last_ms, last_seq = state.last
+        return (ms, 0) if ms > last_ms else (last_ms, last_seq + 1)
+
+    def _trim(self, state: _Thread, added: int) -> None:
+        """Apply retention after an append of *added* entries (the newest ones)."""
+        r = self.retention
+        cut = 0
+        if r.max_len and len(state.entries) > r.max_len:
+            cut = len(state.entries) - r.max_len
+        if r.max_age:
+            oldest_ms = int((self._clock() - r.max_age) * 1000)
+            cut = max(cut, bisect.bisect_left(state.keys, (oldest_ms, 0)))
+        removed = sum(len(entry.data) for entry in state.entries[:cut])
+        if r.max_bytes:
+            # Oldest first, down to max_bytes, but never the entries just added.
+            keep_from = len(state.entries) - added
+            while state.bytes - removed > r.max_bytes and cut < keep_from:
+                removed += len(state.entries[cut].data)
+                cut += 1
+        if cut:
+            for entry in state.entries[:cut]:
+                state.ids.pop(entry.event_id, None)
+            state.trimmed = state.entries[cut - 1].offset
+            state.bytes -= removed
+            del state.entries[:cut]
+            del state.keys[:cut]
+
+    # -- the contract ---------------------------------------------------------------------
+
+    async def append(
+        self, thread: str, events: Sequence[EventInput], *, expect: Expected | None = None
+    ) -> list[Offset]:
+        check_thread(thread)
+        if not events:
+            return []
+        # Encode first: a value that cannot be encoded appends nothing.
+        encoded = [encode_event_data(item.event) for item in events]
+        state = self._get(thread)
+        if expect is not None and (
+            (state.epoch if state is not None else None) != expect.epoch
+            or (state is not None and state.last > offset_key(expect.after))
+        ):
+            raise AppendConflict(thread)
+        if state is None:
+            self._check_quota(thread)
+            state = self._threads[thread] = _Thread(epoch=new_epoch())
+            self._tenants.setdefault(tenant_of(thread), {})[thread] = None
+        offsets: list[Offset] = []
+        added: list[Entry] = []
+        for item, data in zip(events, encoded, strict=True):
+            known = state.ids.get(item.event_id)
+            if known is not None:
+                offsets.append(known)
+                continue
+            event_type = str(item.event.get("type", ""))
+            if event_type == "RUN_STARTED" and item.run_id:
+                state.run_id = item.run_id
+            key = self._next_key(state)
+            offset = f"{key[0]}-{key[1]}"
+            entry = Entry(offset, data, item.event_id, item.run_id or state.run_id, event_type)
+            state.entries.append(entry)
+            state.keys.append(key)
+            state.ids[item.event_id] = offset
+            state.last = key
+            state.bytes += len(data)
+            offsets.append(offset)
+            added.append(entry)
+        state.touched = self._clock()
+        self._trim(state, len(added))
+        if added:
+            for sub in list(self._subs.get(thread, ())):
+                sub._on_live(added, state.epoch)
+        return offsets
+
+    async def stored_ids(self, thread: str, event_ids: Sequence[str]) -> dict[str, Offset]:
+        state = self._get(thread)
+        if state is None:
+            return {}
+        return {i: state.ids[i] for i in event_ids if i in state.ids}
+
+    async def _fetch(
+        self, thread: str, after: Offset, limit: int
+    ) -> tuple[str | None, list[Entry]]:
+        after_key = offset_key(after)
+        state = self._get(thread)
+        if state is None:
+            return None, []
+        if state.trimmed is not None and after_key < offset_key(state.trimmed):
+            first = state.entries[0].offset if state.entries else None
+            raise OffsetExpired(thread, after, first)
+        start = bisect.bisect_right(state.keys, after_key)
+        return state.epoch, state.entries[start : start + limit]
+
+    async def read(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> list[Entry]:
+        check_thread(thread)
+        _, entries = await self._fetch(thread, after, limit or 2**62)
+        return entries
+
+    async def read_available(
+        self, thread: str, after: Offset = START, limit: int | None = None
+    ) -> Available:
+        check_thread(thread)
+        after_key = offset_key(after)
+        state = self._get(thread)
+        if state is None:
+            return Available(None, None, [])
+        gap = state.trimmed is not None and after_key < offset_key(state.trimmed)
+        start = bisect.bisect_right(state.keys, after_key)
+        end = None if limit is None else start + limit
+        return Available(state.epoch, state.trimmed, state.entries[start:end], gap)
+
+    async def epoch(self, thread: str) -> str | None:
+        state = self._get(thread)
+        return state.epoch if state is not None else None
+
+    async def last_offset(self, thread: str) -> Offset:
+        state = self._get(thread)
+        if state is None or state.last == (0, 0):
+            return START
+        return f"{state.last[0]}-{state.last[1]}"
+
+    def subscribe(self, thread: str, after: Offset | None = None) -> FeedSubscription:
+        return FeedSubscription(self, thread, after, max_pending_bytes=self._max_pending)
+
+    async def _register(self, sub: FeedSubscription) -> None:
+        self._subs.setdefault(sub.thread, set()).add(sub)
+
+    def _unregister(self, sub: FeedSubscription) -> None:
+        subs = self._subs.get(sub.thread)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.thread]
+
+    async def info(self, thread: str) -> ThreadInfo | None:
+        state = self._get(thread)
+        if state is None:
+            return None
+        ttl = None
+        if self.retention.ttl:
+            ttl = max(0.0, self.retention.ttl - (self._clock() - state.touched))
+        return ThreadInfo(
+            thread=thread,
+            epoch=state.epoch,
+            length=len(state.entries),
+            first=state.entries[0].offset if state.entries else None,
+            last=f"{state.last[0]}-{state.last[1]}" if state.last != (0, 0) else None,
+            trimmed=state.trimmed,
+            run_id=state.run_id,
+            ttl=ttl,
+            bytes=state.bytes,
+        )
+
+    async def threads(self, limit: int = 1000) -> list[str]:
+        alive = [t for t in list(self._threads) if self._get(t) is not None]
+        return sorted(alive)[:limit]
+
+    async def delete(self, thread: str) -> bool:
+        state = self._get(thread)
+        if state is None:
+            return False
+        self._drop(thread)
+        for sub in list(self._subs.get(thread, ())):
+            sub._on_live([], None)
+        return True
+
+    async def put_checkpoint(self, thread: str, checkpoint: Checkpoint) -> None:
+        state = self._get(thread)
+        if state is None or state.epoch != checkpoint.epoch:
+            return  # the thread is gone or re-created: the checkpoint is stale
+        known = state.checkpoint
+        if known is None or offset_key(known.offset) < offset_key(checkpoint.offset):
+            state.checkpoint = checkpoint
+
+    async def get_checkpoint(self, thread: str) -> Checkpoint | None:
+        state = self._get(thread)
+        return state.checkpoint if state is not None else None
+
+    async def ping(self) -> None:
+        return None
+
+    async def durability_warnings(self) -> list[str]:
+        # Nothing to configure: what it promises (this process's lifetime) holds.
+        return []
+
+    async def close(self) -> None:
+        for subs in list(self._subs.values()):
+            for sub in list(subs):
+                await sub.close()
+        self._subs.clear()
