@@ -2,7 +2,8 @@
 //
 //   src/client.ts -> ../agui_hub/static/agui-hub.js   (ES module, @msgpack/msgpack bundled)
 //                    ../agui_hub/static/agui-hub.d.ts (its types, one file)
-//   src/viewer.ts -> ../agui_hub/static/viewer.js     (the viewer page's script)
+//   src/viewer.ts -> ../agui_hub/static/viewer.js     (the viewer page's script; imports
+//                                                      the client from ./agui-hub.js)
 //   src/agent.ts  -> dist/agent.js                    (HubAgent; @ag-ui/*, rxjs external)
 //
 // `node build.mjs --outdir DIR` writes the same files under DIR (DIR/agui_hub/static/...,
@@ -18,6 +19,7 @@ import ts from "typescript";
 
 const JS_DIR = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(JS_DIR, "..");
+const SRC = join(JS_DIR, "src");
 
 function parseArgs(argv) {
   let outdir = ROOT;
@@ -65,6 +67,40 @@ async function bundle(entry, outfile, what, options = {}) {
   });
   const [file] = result.outputFiles;
   write(outfile, file.text);
+  return { text: file.text, metafile: result.metafile };
+}
+
+// The viewer page imports the client that the gateway serves at /agui-hub.js rather than
+// carrying a second copy of it: the browser fetches the client once, and the page runs the
+// very file other pages import. The specifier stays relative ("./agui-hub.js", resolved
+// against viewer.js's own URL), so the page also works behind a proxy that serves the
+// gateway under a path prefix. Only src/'s own imports of ./client are rewritten.
+const CLIENT_URL = "./agui-hub.js";
+const servedClient = {
+  name: "served-client",
+  setup(build) {
+    build.onResolve({ filter: /^\.\/client(\.js|\.ts)?$/ }, (args) =>
+      args.resolveDir === SRC ? { path: CLIENT_URL, external: true } : undefined,
+    );
+  },
+};
+
+/** Fails the build when *importer* (built text) imports from the served client a name that
+ * *clientExports* lacks: with the client external, esbuild no longer checks the pair, and a
+ * browser would only say so when the page loads. */
+function checkServedImports(importer, text, clientExports) {
+  const named = [...text.matchAll(/^import\s*\{([^}]*)\}\s*from\s*"\.\/agui-hub\.js";$/gm)];
+  const all = text.split(`from "${CLIENT_URL}"`).length - 1;
+  if (named.length !== all) {
+    console.error(`${importer}: imports ${CLIENT_URL} other than by name: keep to import { ... }`);
+    process.exit(1);
+  }
+  const names = named.flatMap((m) => m[1].split(",").map((n) => n.trim().split(/\s+/)[0]));
+  const missing = names.filter((name) => name !== "" && !clientExports.includes(name));
+  if (missing.length > 0) {
+    console.error(`${importer}: ${CLIENT_URL} does not export ${missing.join(", ")}`);
+    process.exit(1);
+  }
 }
 
 /** The client's declarations, one file (client.ts is one module: nothing to stitch). */
@@ -109,10 +145,16 @@ function declarations(entry, outfile) {
   write(outfile, `${banner("agui-hub.d.ts")}\n${text}`);
 }
 
-await bundle("src/client.ts", join(STATIC, "agui-hub.js"), "agui-hub.js");
+const client = await bundle("src/client.ts", join(STATIC, "agui-hub.js"), "agui-hub.js", {
+  metafile: true,
+});
+const clientExports = Object.values(client.metafile.outputs)[0].exports;
 declarations("src/client.ts", join(STATIC, "agui-hub.d.ts"));
-if (existsSync(join(JS_DIR, "src", "viewer.ts"))) {
-  await bundle("src/viewer.ts", join(STATIC, "viewer.js"), "viewer.js");
+if (existsSync(join(SRC, "viewer.ts"))) {
+  const viewer = await bundle("src/viewer.ts", join(STATIC, "viewer.js"), "viewer.js", {
+    plugins: [servedClient],
+  });
+  checkServedImports("viewer.js", viewer.text, clientExports);
 }
 if (existsSync(join(JS_DIR, "src", "agent.ts"))) {
   await bundle("src/agent.ts", join(DIST, "agent.js"), "agent.js", {

@@ -401,6 +401,18 @@ def test_the_files_are_package_data() -> None:
     assert "document.write" not in viewer
 
 
+def test_the_page_imports_the_client_the_gateway_serves() -> None:
+    # viewer.js holds no copy of the client: it imports /agui-hub.js, relative to its own
+    # URL (a path prefix in front of the gateway keeps working), which the gateway serves
+    # with the page's files and without them.
+    viewer = (STATIC_DIR / "viewer.js").read_text()
+    imports = re.findall(r'^import\s*\{[^}]*\}\s*from\s*"([^"]+)";$', viewer, re.MULTILINE)
+    assert imports == ["./agui-hub.js"]
+    assert not re.search(r"(?m)^\s*(var|class) HubClient\b", viewer)
+    assert "src/client.ts" not in viewer and "@msgpack/msgpack" not in viewer
+    assert "/agui-hub.js" in STATIC_PATHS and "/agui-hub.js" in CLIENT_PATHS
+
+
 # -- the page's reducer against agui_hub/reducer.py ----------------------------------------------
 
 

@@ -51,7 +51,7 @@ pytestmark = pytest.mark.timeout(40 * TIMEOUT_SCALE)
 
 WAIT = 15 * TIMEOUT_SCALE
 WAIT_MS = WAIT * 1000
-PAGE_FILES = {"/", "/viewer.js", "/viewer.css"}
+PAGE_FILES = {"/", "/viewer.js", "/viewer.css", "/agui-hub.js"}  # viewer.js imports the client
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@
 // every reconnect, and whether each resume was complete. Everything it shows
 // of a thread came from an agent, so it is untrusted input: it only ever
 // reaches the page as text nodes (textContent / createTextNode), never as
-// markup, and the page's Content-Security-Policy runs nothing but viewer.js.
+// markup, and the page's Content-Security-Policy runs nothing but viewer.js and
+// the client it imports from the gateway (the build turns ./client into ./agui-hub.js).
 //
 // Rendering is incremental: events are folded into the model (transcript.ts)
 // as they arrive, and the DOM is brought up to date at most once per
