@@ -25,7 +25,7 @@ from ..wire.codec import DEFAULT_MAX_SIZE
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, JWTSettings
 
 if TYPE_CHECKING:
-    from ..bridge.runs import AgentEndpoint
+    from ..bridge.agents import AgentEndpoint
 
 __all__ = [
     "GatewayConfig",
@@ -394,7 +394,7 @@ def split_list(value: str | None) -> list[str]:
 def build_agents(config: GatewayConfig) -> dict[str, AgentEndpoint]:
     """The upstream agents *config* names (``agents`` and ``agents_file``); :class:`ValueError`
     on a bad entry or a name given twice."""
-    from ..bridge.runs import load_agents, parse_agents
+    from ..bridge.agents import load_agents, parse_agents
 
     agents = parse_agents(config.agents)
     if config.agents_file:
