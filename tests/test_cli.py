@@ -885,7 +885,8 @@ def test_publish_into_a_redis_that_is_down_says_so_at_once(procs: Procs):
 def test_retry_says_the_first_failure_then_every_ten_seconds():
     """One line for the first failure, then one every NOTICE_EVERY seconds, not one per
     attempt; one when the hub answers again; given up after the timeout (a fake clock)."""
-    from agui_hub.cli.commands import NOTICE_EVERY, _Retry
+    from agui_hub.cli.retry import NOTICE_EVERY
+    from agui_hub.cli.retry import Retry as _Retry
     from agui_hub.errors import HubUnreachable
 
     assert NOTICE_EVERY == 10
@@ -1150,7 +1151,7 @@ def test_publish_of_no_events_says_so_and_exits_0(memory_gateway: GatewayProcess
 def test_a_redis_url_without_the_redis_extra_exits_1_everywhere_with_one_message():
     """As after `pip install -e .` without [redis]: importing redis fails."""
     store = f"redis://127.0.0.1:{free_port()}/0"
-    program = "import sys; sys.modules['redis'] = None; from agui_hub.cli.commands import main; " \
+    program = "import sys; sys.modules['redis'] = None; from agui_hub.cli import main; " \
               "sys.exit(main())"  # fmt: skip
     messages = {}
     for args in (

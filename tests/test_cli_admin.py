@@ -352,7 +352,7 @@ def test_an_unreachable_store_exits_1_and_check_exits_2():
 
 def test_without_the_redis_package_threads_exits_1_and_check_2():
     program = [sys.executable, "-c", "import sys; sys.modules['redis'] = None; "
-               "from agui_hub.cli.commands import main; sys.exit(main())"]  # fmt: skip
+               "from agui_hub.cli import main; sys.exit(main())"]  # fmt: skip
     url = f"redis://127.0.0.1:{free_port()}/0"
     threads = cli("threads", "--store", url, program=program)
     assert threads.code == 1 and "pip install 'agui-hub[redis]'" in threads.err, threads

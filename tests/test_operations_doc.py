@@ -7,7 +7,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from agui_hub.cli.commands import build_parser
+from agui_hub.cli.parser import build_parser
 from agui_hub.gateway.config import CLIENT_VARIABLES, GatewayConfig, setting_kinds
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()

@@ -104,7 +104,7 @@ def test_a_redis_url_without_redis_says_what_to_install() -> None:
     cli = run_without_redis(
         """
         import sys
-        from agui_hub.cli.commands import main
+        from agui_hub.cli import main
         sys.exit(main(["replay", "t", "--url", "redis://127.0.0.1:6379/0"]))
         """
     )

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agui_hub.agui.events import EventType
-from agui_hub.cli.commands import OffsetFile
 from agui_hub.cli.demo import demo_run
+from agui_hub.cli.follow import OffsetFile
 from agui_hub.client.transcript import LIMIT, TranscriptView
 from agui_hub.wire.protocol import Position
 
@@ -86,7 +86,7 @@ def resumed_render(
     """What ``tail --offset-file`` prints over the lives that *cuts* make.
 
     Each life renders its events, saving the position and the view's state in
-    the offset file after each one (:class:`agui_hub.cli.commands.OffsetFile`, the
+    the offset file after each one (:class:`agui_hub.cli.follow.OffsetFile`, the
     code ``tail`` uses), and is stopped without writing anything more, as
     ``tail`` is on Ctrl-C or SIGKILL; the next life restores the view from the
     file. With *close*, the last life ends with :meth:`TranscriptView.close`

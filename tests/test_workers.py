@@ -29,7 +29,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from agui_hub.cli.commands import build_parser
+from agui_hub.cli.parser import build_parser
 from agui_hub.gateway.auth import encode_token
 from agui_hub.gateway.config import SETTING_GROUPS, GatewayConfig
 from agui_hub.gateway.workers import WORKER_FLAG
@@ -380,7 +380,7 @@ def test_unknown_loop_exits_2() -> None:
 
 
 def test_uvloop_not_installed_is_a_usage_error_with_the_install_line() -> None:
-    program = "import sys; sys.modules['uvloop'] = None; from agui_hub.cli.commands import main; " \
+    program = "import sys; sys.modules['uvloop'] = None; from agui_hub.cli import main; " \
               "sys.exit(main())"  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-c", program, "serve", "--port", str(free_port()), "--loop", "uvloop"],
