@@ -314,8 +314,8 @@ async def redis_env(redis_server: RedisServer) -> AsyncIterator[Env]:
 
 def server_connection(gateway: Gateway, client: HubClient) -> Connection:
     """The gateway's side of *client*'s current connection."""
-    assert client._ws is not None
-    port = client._ws.local_address[1]
+    assert client._link.ws is not None
+    port = client._link.ws.local_address[1]
     (conn,) = [
         c
         for c in gateway.connections

@@ -164,8 +164,8 @@ def url(gateway: Gateway) -> str:
 
 def server_connection(gateway: Gateway, client: HubClient) -> Connection:
     """The gateway's side of *client*'s current connection."""
-    assert client._ws is not None
-    port = client._ws.local_address[1]
+    assert client._link.ws is not None
+    port = client._link.ws.local_address[1]
     (conn,) = [c for c in gateway.connections if c.ws.remote_address[1] == port]
     return conn
 
@@ -373,7 +373,7 @@ async def test_publishes_over_the_events_rate_are_paced_in_order(env: Env) -> No
     gateway = await env.gateway(max_events_per_second=20)
     client = await env.connected(gateway, token=token())
     refused = 0
-    publish_once = client._publish_once
+    publish_once = client._publishes.send_once
 
     async def counting(*args: Any) -> dict[str, Any]:
         nonlocal refused
@@ -383,7 +383,7 @@ async def test_publishes_over_the_events_rate_are_paced_in_order(env: Env) -> No
             refused += 1
             raise
 
-    client._publish_once = counting  # type: ignore[method-assign]
+    client._publishes.send_once = counting  # type: ignore[method-assign]
     thread = "t/limited"
     events = opening(thread) + deltas(98)
     began = time.monotonic()

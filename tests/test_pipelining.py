@@ -688,7 +688,7 @@ async def test_hub_client_pipelined_publishes_keep_their_order_across_drops(
             results = await within(asyncio.gather(*calls), 3 * WAIT)
             await within(dropping)
             assert client.reconnects == proxy.dropped == 3
-            assert client._publishing == {}
+            assert client._publishes.lanes == {}
         rows = await stored(store, thread)
 
     offsets = [r[0] for r in results]

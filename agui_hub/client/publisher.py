@@ -54,7 +54,9 @@ from ..store.contract import ThreadStore
 from ..wire.codec import Encoding
 from ..wire.offsets import Offset, check_thread
 from ..wire.protocol import MAX_EVENTS_PER_PUBLISH, check_event_ids
-from .hub_client import HubClient, TokenProvider, _Outgoing, _PublishLane
+from .credentials import TokenProvider
+from .hub_client import HubClient
+from .lanes import Outgoing, PublishLane
 
 __all__ = ["Publisher", "SequenceCheck"]
 
@@ -101,7 +103,7 @@ class Publisher:
         self._client: HubClient | None = None
         self._connecting: asyncio.Future[None] | None = None
         """While a connection is being opened: what every publish waits for."""
-        self._lanes: dict[str, _PublishLane] = {}
+        self._lanes: dict[str, PublishLane] = {}
         """Per thread, the calls under way on a store URL (retried in call order)."""
         self._store: ThreadStore | None = None
         self._writer: ThreadWriter | None = None
@@ -237,8 +239,8 @@ class Publisher:
         # that concurrent publishes to a thread keep their order.
         lane = self._lanes.get(thread)
         if lane is None:
-            lane = self._lanes[thread] = _PublishLane()
-        entry = _Outgoing()
+            lane = self._lanes[thread] = PublishLane()
+        entry = Outgoing()
         lane.entries.append(entry)
         try:
             while True:
