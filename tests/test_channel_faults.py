@@ -36,6 +36,7 @@ from agui_hub.agui.reducer import fold
 from agui_hub.client.publisher import Publisher
 from agui_hub.errors import AguiHubError, OffsetExpired, StoreUnavailable
 from agui_hub.gateway import channels as hub_module
+from agui_hub.gateway import checkpoints as checkpoints_module
 from agui_hub.store import memory as memory_store_module
 from agui_hub.store.contract import Checkpoint, EventInput, FeedSubscription, Retention, ThreadStore
 from agui_hub.store.memory import MemoryStore
@@ -731,7 +732,7 @@ def run_events(thread: str, run: str, deltas: int) -> list[Event]:
 async def test_checkpoints_never_pair_a_state_with_another_cursor(
     mem: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub_module, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(checkpoints_module, "CHECKPOINT_EVERY", 5)
     # A frozen clock: every epoch's offsets start at <T>-0, so that a cursor of
     # the previous epoch is also an offset of the next one.
     inner = MemoryStore(clock=lambda: 1_700_000_000.0)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agui_hub.gateway import channels as hub_module
+from agui_hub.gateway import recent as recent_module
 from agui_hub.store.memory import MemoryStore
 from agui_hub.wire.codec import Encoding
 from agui_hub.wire.protocol import CloseCode, Position, StartKind
@@ -145,11 +146,11 @@ async def test_what_memory_no_longer_holds_comes_from_the_store() -> None:
     store = CountingStore()
     hub, _ = await live_hub(store)
     stored = await hub.publish("t", OPENING)
-    for i in range(0, hub_module.RECENT_ENTRIES + 200, 100):
+    for i in range(0, recent_module.RECENT_ENTRIES + 200, 100):
         stored += await hub.publish("t", deltas(i, 100))
     channel = hub.channels["t"]
     await until(lambda: channel.cursor == stored[-1], "the channel to relay")
-    assert len(channel._recent) == hub_module.RECENT_ENTRIES
+    assert len(channel._recent) == recent_module.RECENT_ENTRIES
     reads = store.reads
     viewer = Viewer()
     await hub.subscribe(viewer, "t", 1, Position(stored[0], channel.epoch), None)

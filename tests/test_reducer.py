@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agui_hub.agui.documents import StateDocuments
 from agui_hub.agui.events import validate_wire
-from agui_hub.agui.reducer import RunStatus, StateDocuments, StateLimits, ThreadState, fold
+from agui_hub.agui.reducer import RunStatus, StateLimits, ThreadState, fold
 from agui_hub.agui.sequence import SequenceVerifier
 from agui_hub.errors import InvalidEvent, LimitExceeded, PatchError, ProtocolError
 

@@ -7,9 +7,13 @@ defines and the protocol logic it lacks.
 * :mod:`~agui_hub.agui.chunks` - ``ChunkExpander``, ``*_CHUNK`` events into
   START / CONTENT / END;
 * :mod:`~agui_hub.agui.patch` - RFC 6902 JSON Patch, applied in place with an
-  undo log and bounded work;
+  undo log and bounded work, and ``StateLimits``;
+* :mod:`~agui_hub.agui.messages` - ``MessageList``, a thread's messages with
+  their indexes, and the message rules of snapshots and run inputs;
 * :mod:`~agui_hub.agui.reducer` - ``ThreadState``, the fold of events into a
-  thread's state, messages and runs, and ``compact()``, its snapshot.
+  thread's state, messages and runs, and ``compact()``, its snapshot;
+* :mod:`~agui_hub.agui.documents` - ``StateDocuments``, the state document and
+  activity contents alone, as a writer judges them.
 
 Nothing here imports anything of the hub but :mod:`agui_hub.errors`.
 """

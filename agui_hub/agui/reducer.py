@@ -27,18 +27,19 @@ Bounded cost
 A relay folds every thread it serves in one process, so no event may cost
 more than its share:
 
-* :class:`StateLimits` bound the state document and each activity message's
-  content (nesting depth, approximate encoded bytes). A STATE_SNAPSHOT,
-  STATE_DELTA, ACTIVITY_SNAPSHOT or ACTIVITY_DELTA that would exceed them
-  raises :class:`~agui_hub.errors.LimitExceeded` and changes nothing.
+* :class:`~agui_hub.agui.patch.StateLimits` bound the state document and
+  each activity message's content (nesting depth, approximate encoded bytes).
+  A STATE_SNAPSHOT, STATE_DELTA, ACTIVITY_SNAPSHOT or ACTIVITY_DELTA that
+  would exceed them raises :class:`~agui_hub.errors.LimitExceeded` and
+  changes nothing.
 * A JSON Patch is applied in place, with an undo log for a patch that fails
-  half-way: its cost is that of its operations, not of the document. The size
-  of the document is kept as a running estimate. Values are shared, not
-  copied (copy-on-write), so ``copy`` costs nothing until the copy changes,
-  and :meth:`~ThreadState.compact` hands out the documents without copying
-  them. Nothing recurses: any nesting is safe.
+  half-way (:mod:`agui_hub.agui.patch`): its cost is that of its operations,
+  not of the document. Values are shared, not copied (copy-on-write), so
+  ``copy`` costs nothing until the copy changes, and
+  :meth:`~ThreadState.compact` hands out the documents without copying them.
 * Messages and tool calls are found through indexes by id; token deltas are
-  collected and joined when the message is read, not concatenated one by one.
+  collected and joined when the message is read, not concatenated one by one
+  (:class:`~agui_hub.agui.messages.MessageList`).
 
 So folding costs about the same per event in a thread of a hundred events
 and in one of a hundred thousand (``bench/bench_fold.py``).
@@ -50,45 +51,59 @@ before they are stored). A malformed event (from a producer that wrote to the
 store directly) raises :class:`~agui_hub.errors.InvalidEvent` and changes
 nothing, never KeyError or TypeError.
 
-:class:`StateDocuments` is the part of the fold that judges STATE_* and
-ACTIVITY_* events, on its own: what a writer keeps per thread to refuse, before
-storing, a delta that does not apply or that would exceed the limits.
+:class:`~agui_hub.agui.documents.StateDocuments` is the part of the fold that
+judges STATE_* and ACTIVITY_* events, on its own: what a writer keeps per
+thread to refuse, before storing, a delta that does not apply or that would
+exceed the limits.
 """
 
 from __future__ import annotations
 
 import enum
-import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import InvalidEvent, LimitExceeded, PatchError, ProtocolError
+from ..errors import InvalidEvent, ProtocolError
 from .chunks import ChunkExpander
 from .events import EventType, to_wire
+from .messages import (
+    INDEXED_IDS,
+    MessageList,
+    Msg,
+    WireEvent,
+    input_messages,
+    own_message,
+    snapshot_keeps,
+)
+from .patch import (
+    DEFAULT_LIMITS,
+    Document,
+    StateLimits,
+    UndoLog,
+    adopted_document,
+    apply_patch,
+    snapshot_document,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "MALFORMED_EVENT_ERRORS",
     "RunRecord",
     "RunStatus",
-    "StateDocuments",
     "StateLimits",
     "ThreadState",
     "fold",
+    "malformed_event",
 ]
+# StateLimits and DEFAULT_LIMITS live in .patch, which enforces them; they are
+# exported here too, as what ThreadState(limits=...) takes.
 
-WireEvent = Mapping[str, Any]
-Msg = dict[str, Any]
-
-_CLIENT_METADATA_KEY = "@ag-ui/client"
-_UNDECLARED = object()
-_MALFORMED = (KeyError, TypeError, AttributeError, ValueError, IndexError)
-"""What a handler may raise on an event that is not a valid AG-UI event."""
-_KEYS = (str, int, float, bool, type(None))
-"""Ids that are indexed (valid events have strings; a malformed one may have anything)."""
+MALFORMED_EVENT_ERRORS = (KeyError, TypeError, AttributeError, ValueError, IndexError)
+"""What folding an event that is not a valid AG-UI event may raise (a missing
+field, a field of the wrong type): the fold turns them into InvalidEvent."""
 _CHUNKS = frozenset({"TEXT_MESSAGE_CHUNK", "TOOL_CALL_CHUNK", "REASONING_MESSAGE_CHUNK"})
 
 
@@ -116,530 +131,6 @@ class RunRecord:
     ended: dict[str, Any] | None = None
 
 
-# -- limits ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StateLimits:
-    """Bounds on what events may put into a thread's folded state.
-
-    They keep one thread from taking the memory or the CPU of every thread
-    that shares a process: an event that would exceed them is refused with
-    :class:`~agui_hub.errors.LimitExceeded` and changes nothing.
-    """
-
-    max_depth: int = 64
-    """Deepest nesting of objects and arrays in the state document, and in each
-    activity message's content (``{}`` has depth 1, ``{"a": []}`` depth 2)."""
-    max_bytes: int = 8 * 1024 * 1024
-    """Largest approximate encoded size, in bytes, of the state document, and of
-    each activity message's content. A JSON Patch may also walk at most twice
-    this much of the document it changes (measuring what it removes or copies)."""
-
-    def __post_init__(self) -> None:
-        if self.max_depth < 1 or self.max_bytes < 1:
-            raise ValueError("state limits must be at least 1")
-
-
-DEFAULT_LIMITS = StateLimits()
-
-
-# -- JSON Patch (RFC 6902) on documents with a running size ----------------------------
-#
-# A document is patched in place, with an undo log that restores it exactly
-# (key order included) when an operation fails. Values are shared, never
-# deep-copied: the values of a patch are put into the document as they are,
-# `copy` makes the copy share the source, and a snapshot is the event's own
-# value. A container is changed in place only when the document owns it (it
-# made it, and nothing else refers to it: ids in `_Doc.owned`); any other is
-# first copied (one level, along the patched path). compact() hands the
-# documents out, so it drops every ownership (by bumping a generation).
-#
-# Sizes are estimates of the JSON encoding: measured once per value that
-# enters or leaves the document, by an iterative walker that stops as soon as
-# a limit is exceeded, and kept as a running total. Nothing recurses, so no
-# nesting can overflow the stack.
-
-_MISSING: Any = object()
-_INDEX = re.compile(r"0|[1-9][0-9]*")
-_BAD_ESCAPE = re.compile(r"~(?![01])")
-
-
-class _Fail(Exception):
-    """A patch operation that does not apply (becomes a PatchError)."""
-
-
-class _Over(Exception):
-    """A limit exceeded (becomes a LimitExceeded); ``args[0]`` names the limit."""
-
-
-class _Doc:
-    """One patchable document: the state, or the content of an activity message."""
-
-    __slots__ = ("gen", "owned", "root", "size")
-
-    def __init__(self, root: Any, size: int, gen: int = 0) -> None:
-        self.root = root
-        self.size = size
-        """Approximate encoded size in bytes."""
-        self.owned: set[int] = set()
-        """ids of the containers this document may change in place."""
-        self.gen = gen
-        """The exposure generation ``owned`` is valid for."""
-
-
-class _Meter:
-    """Bytes of existing document a patch may still walk (see StateLimits.max_bytes)."""
-
-    __slots__ = ("left",)
-
-    def __init__(self, left: int) -> None:
-        self.left = left
-
-
-# Undo records: (kind, target, key, old value)
-_U_SET = 0  # target[key] = old            (a replaced dict value or list item)
-_U_NEWKEY = 1  # del target[key]           (a dict key that was added)
-_U_DELKEY = 2  # target[key] = old         (a dict key that was removed; order fixed after)
-_U_INSERT = 3  # del target[key]           (a list item that was inserted)
-_U_POP = 4  # target.insert(key, old)      (a list item that was removed)
-_U_ATTR = 5  # setattr(target, key, old)
-
-
-class _Undo:
-    """What one event changed, to put it back exactly."""
-
-    __slots__ = ("log", "orders")
-
-    def __init__(self) -> None:
-        self.log: list[tuple[int, Any, Any, Any]] = []
-        self.orders: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
-        """Dicts that lost a key other than their last: their key order before."""
-
-    def attr(self, target: Any, name: str) -> None:
-        self.log.append((_U_ATTR, target, name, getattr(target, name)))
-
-    def rollback(self) -> None:
-        for kind, target, key, old in reversed(self.log):
-            if kind in (_U_SET, _U_DELKEY):
-                target[key] = old
-            elif kind in (_U_NEWKEY, _U_INSERT):
-                del target[key]
-            elif kind == _U_POP:
-                target.insert(key, old)
-            else:
-                setattr(target, key, old)
-        for target, keys in self.orders.values():
-            # Keys re-added went to the end: restore the order they had.
-            items = [(key, target[key]) for key in keys if key in target]
-            target.clear()
-            target.update(items)
-        self.log.clear()
-        self.orders.clear()
-
-
-def _scalar_size(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value) + 2
-    if value is None or value is True:
-        return 4
-    if value is False:
-        return 5
-    return 8
-
-
-def _frame(node: Any, entered_at: int) -> list[Any]:
-    """A walker's frame: [container, iterator, is_dict, total when entered, highest item]."""
-    if isinstance(node, dict):
-        return [node, iter(node.items()), True, entered_at, 0]
-    return [node, iter(node), False, entered_at, 0]
-
-
-def _measure(
-    value: Any,
-    room: float,
-    max_height: int | None,
-    meter: _Meter | None = None,
-    owned: set[int] | None = None,
-) -> tuple[int, int]:
-    """(approximate encoded size, height) of *value*; a scalar has height 0,
-    a container one more than its highest item.
-
-    Raises ``_Over("max_bytes")`` as soon as the size exceeds *room*,
-    ``_Over("max_depth")`` as soon as the height would exceed *max_height*
-    (``None``: no bound), ``_Over("work")`` when the walk costs more than
-    *meter* has left. The id of every container walked is dropped from
-    *owned*: the value is shared from now on. A value that holds the same
-    container several times (a document made by ``copy``) is walked once per
-    container, and counted as often as it occurs.
-    """
-    if not isinstance(value, dict | list):
-        size = _scalar_size(value)
-        if size > room:
-            raise _Over("max_bytes")
-        return size, 0
-    if max_height is not None and max_height < 1:
-        raise _Over("max_depth")
-    memo: dict[int, tuple[int, int]] = {}
-    shared = 0  # bytes counted from memo, not walked
-    total = 2
-    stack: list[list[Any]] = [_frame(value, 0)]
-    if owned is not None:
-        owned.discard(id(value))
-    while stack:
-        top = stack[-1]
-        items, is_dict = top[1], top[2]
-        entered = False
-        for item in items:
-            if is_dict:
-                key, child = item
-                total += (len(key) if isinstance(key, str) else 8) + 4
-            else:
-                child = item
-                total += 1
-            if isinstance(child, dict | list):
-                known = memo.get(id(child))
-                if known is not None:
-                    total += known[0]
-                    shared += known[0]
-                    if known[1] > top[4]:
-                        top[4] = known[1]
-                    if max_height is not None and len(stack) + known[1] > max_height:
-                        raise _Over("max_depth")
-                else:
-                    if max_height is not None and len(stack) >= max_height:
-                        raise _Over("max_depth")
-                    if owned is not None:
-                        owned.discard(id(child))
-                    stack.append(_frame(child, total))
-                    total += 2
-                    entered = True
-            else:
-                total += _scalar_size(child)
-            if total > room:
-                raise _Over("max_bytes")
-            if entered:
-                break
-        if entered:
-            if meter is not None and total - shared > meter.left:
-                raise _Over("work")
-            continue
-        stack.pop()
-        height = top[4] + 1
-        memo[id(top[0])] = (total - top[3], height)
-        if stack and height > stack[-1][4]:
-            stack[-1][4] = height
-    if meter is not None:
-        meter.left -= total - shared
-        if meter.left < 0:
-            raise _Over("work")
-    return total, memo[id(value)][1]
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    """JSON equality (RFC 6902 ``test``): numbers by value, but a boolean is no number."""
-    pairs = [(a, b)]
-    while pairs:
-        x, y = pairs.pop()
-        if x is y:
-            continue
-        if isinstance(x, bool) or isinstance(y, bool):
-            if not (isinstance(x, bool) and isinstance(y, bool) and x == y):
-                return False
-        elif isinstance(x, int | float) and isinstance(y, int | float):
-            if x != y:
-                return False
-        elif isinstance(x, dict):
-            if not isinstance(y, dict) or len(x) != len(y):
-                return False
-            for key, item in x.items():
-                other = y.get(key, _MISSING)
-                if other is _MISSING:
-                    return False
-                pairs.append((item, other))
-        elif isinstance(x, list):
-            if not isinstance(y, list) or len(x) != len(y):
-                return False
-            pairs.extend(zip(x, y, strict=True))
-        elif type(x) is not type(y) or x != y:
-            return False
-    return True
-
-
-def _pointer(pointer: Any, field_name: str) -> tuple[str, ...]:
-    """The reference tokens of an RFC 6901 JSON Pointer."""
-    if not isinstance(pointer, str):
-        raise _Fail(f"{field_name!r} is not a JSON Pointer string")
-    if pointer == "":
-        return ()
-    if pointer[0] != "/":
-        raise _Fail(f"JSON Pointer {pointer!r} does not start with '/'")
-    tokens = pointer.split("/")[1:]
-    if "~" in pointer:
-        if _BAD_ESCAPE.search(pointer):
-            raise _Fail(f"JSON Pointer {pointer!r} has a '~' not followed by 0 or 1")
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in tokens]
-    return tuple(tokens)
-
-
-def _render(tokens: tuple[str, ...]) -> str:
-    return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
-
-
-def _index(tokens: tuple[str, ...], length: int, *, end: bool) -> int:
-    """The array index the last token names: ``0 <= i < length``, or ``<= length``
-    (``-`` meaning *length*) with *end*."""
-    token = tokens[-1]
-    if token == "-" and end:
-        return length
-    if not _INDEX.fullmatch(token):
-        raise _Fail(f"{_render(tokens)}: {token!r} is not an array index")
-    index = int(token)
-    if index > length or (index == length and not end):
-        raise _Fail(f"{_render(tokens)}: index {index} is out of range (length {length})")
-    return index
-
-
-class _Patcher:
-    """Applies the operations of one JSON Patch to a document (see above)."""
-
-    __slots__ = ("doc", "limits", "meter", "undo")
-
-    def __init__(self, doc: _Doc, limits: StateLimits, undo: _Undo) -> None:
-        self.doc = doc
-        self.limits = limits
-        self.undo = undo
-        self.meter = _Meter(2 * limits.max_bytes)
-
-    def apply(self, patch: Any) -> None:
-        if not isinstance(patch, list):
-            raise _Fail("a JSON Patch is a list of operations")
-        doc, undo = self.doc, self.undo
-        undo.attr(doc, "size")
-        undo.attr(doc, "root")
-        for n, op in enumerate(patch):
-            if not isinstance(op, dict):
-                raise _Fail(f"operation {n} is not an object")
-            name = op.get("op")
-            try:
-                path = _pointer(op.get("path"), "path")
-                if name == "add":
-                    self._put(path, self._value(op), move_from=None)
-                elif name == "remove":
-                    self._remove(path, measure=True)
-                elif name == "replace":
-                    self._replace(path, self._value(op))
-                elif name == "move":
-                    source = _pointer(op.get("from"), "from")
-                    if path[: len(source)] == source and len(path) > len(source):
-                        raise _Fail("a value cannot be moved into one of its own children")
-                    if path == source:
-                        self._get(source)
-                        continue
-                    self._put(path, self._remove(source, measure=False), move_from=source)
-                elif name == "copy":
-                    source = _pointer(op.get("from"), "from")
-                    self._put(path, self._get(source), move_from=None)
-                elif name == "test":
-                    if not _json_equal(self._get(path), self._value(op)):
-                        raise _Fail(f"test failed: the value at {op.get('path')!r} differs")
-                else:
-                    raise _Fail(f"unknown operation {name!r}")
-            except _Fail as exc:
-                raise _Fail(f"operation {n} ({name}): {exc}") from None
-
-    @staticmethod
-    def _value(op: dict[str, Any]) -> Any:
-        if "value" not in op:
-            raise _Fail("no 'value'")
-        return op["value"]
-
-    def _get(self, tokens: tuple[str, ...]) -> Any:
-        node = self.doc.root
-        for depth, token in enumerate(tokens, 1):
-            if isinstance(node, dict):
-                node = node.get(token, _MISSING)
-                if node is _MISSING:
-                    raise _Fail(f"{_render(tokens[:depth])} does not exist")
-            elif isinstance(node, list):
-                node = node[_index(tokens[:depth], len(node), end=False)]
-            else:
-                where = _render(tokens[: depth - 1]) or "the root"
-                raise _Fail(f"{where} is not an object or array")
-        return node
-
-    def _parent(self, tokens: tuple[str, ...]) -> Any:
-        """The container holding the target of *tokens*, owned (copied on the way as needed)."""
-        doc, owned, undo = self.doc, self.doc.owned, self.undo
-        node = doc.root
-        if not isinstance(node, dict | list):
-            raise _Fail("the document is not an object or array")
-        if id(node) not in owned:
-            node = dict(node) if isinstance(node, dict) else list(node)
-            owned.add(id(node))
-            doc.root = node  # the undo log holds the root already
-        for depth in range(1, len(tokens)):
-            key: Any
-            if isinstance(node, dict):
-                key = tokens[depth - 1]
-                child = node.get(key, _MISSING)
-                if child is _MISSING:
-                    raise _Fail(f"{_render(tokens[:depth])} does not exist")
-            else:
-                key = _index(tokens[:depth], len(node), end=False)
-                child = node[key]
-            if not isinstance(child, dict | list):
-                raise _Fail(f"{_render(tokens[:depth])} is not an object or array")
-            if id(child) not in owned:
-                child = dict(child) if isinstance(child, dict) else list(child)
-                owned.add(id(child))
-                undo.log.append((_U_SET, node, key, node[key]))
-                node[key] = child
-            node = child
-        return node
-
-    def _old_size(self, value: Any) -> int:
-        return _measure(value, math.inf, None, self.meter)[0]
-
-    def _put(self, tokens: tuple[str, ...], value: Any, move_from: tuple[str, ...] | None) -> None:
-        """add (and the second half of move and copy)."""
-        doc, limits = self.doc, self.limits
-        if move_from is None:
-            # Measured first: this also makes the value (a copy's source) shared.
-            size, _ = _measure(
-                value, limits.max_bytes, limits.max_depth - len(tokens), self.meter, doc.owned
-            )
-        else:
-            size = 0  # moved: the size of the document changes only by the keys
-            if len(tokens) > len(move_from):
-                _measure(value, math.inf, limits.max_depth - len(tokens), self.meter)
-        if not tokens:
-            doc.root = value
-            doc.size = size if move_from is None else self._old_size(value)
-        else:
-            parent = self._parent(tokens)
-            last = tokens[-1]
-            if isinstance(parent, dict):
-                old = parent.get(last, _MISSING)
-                if old is _MISSING:
-                    self.undo.log.append((_U_NEWKEY, parent, last, None))
-                    doc.size += len(last) + 4 + size
-                else:
-                    self.undo.log.append((_U_SET, parent, last, old))
-                    doc.size += size - self._old_size(old)
-                parent[last] = value
-            elif isinstance(parent, list):
-                index = _index(tokens, len(parent), end=True)
-                parent.insert(index, value)
-                self.undo.log.append((_U_INSERT, parent, index, None))
-                doc.size += 1 + size
-            else:
-                raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
-        if doc.size > limits.max_bytes:
-            raise _Over("max_bytes")
-
-    def _remove(self, tokens: tuple[str, ...], *, measure: bool) -> Any:
-        if not tokens:
-            raise _Fail("the whole document cannot be removed")
-        doc = self.doc
-        parent = self._parent(tokens)
-        last = tokens[-1]
-        if isinstance(parent, dict):
-            old = parent.get(last, _MISSING)
-            if old is _MISSING:
-                raise _Fail(f"{_render(tokens)} does not exist")
-            if next(reversed(parent)) != last and id(parent) not in self.undo.orders:
-                self.undo.orders[id(parent)] = (parent, list(parent))
-            del parent[last]
-            self.undo.log.append((_U_DELKEY, parent, last, old))
-            doc.size -= len(last) + 4
-        elif isinstance(parent, list):
-            index = _index(tokens, len(parent), end=False)
-            old = parent.pop(index)
-            self.undo.log.append((_U_POP, parent, index, old))
-            doc.size -= 1
-        else:
-            raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
-        if measure:
-            doc.size -= self._old_size(old)
-        return old
-
-    def _replace(self, tokens: tuple[str, ...], value: Any) -> None:
-        doc, limits = self.doc, self.limits
-        size, _ = _measure(
-            value, limits.max_bytes, limits.max_depth - len(tokens), self.meter, doc.owned
-        )
-        if not tokens:
-            doc.root, doc.size = value, size
-            return
-        parent = self._parent(tokens)
-        key: Any = tokens[-1]
-        if isinstance(parent, dict):
-            old = parent.get(key, _MISSING)
-            if old is _MISSING:
-                raise _Fail(f"{_render(tokens)} does not exist")
-        elif isinstance(parent, list):
-            key = _index(tokens, len(parent), end=False)
-            old = parent[key]
-        else:
-            raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
-        self.undo.log.append((_U_SET, parent, key, old))
-        parent[key] = value
-        doc.size += size - self._old_size(old)
-        if doc.size > limits.max_bytes:
-            raise _Over("max_bytes")
-
-
-def _limit_error(over: _Over, limits: StateLimits, what: str, where: str) -> LimitExceeded:
-    kind = over.args[0]
-    if kind == "max_depth":
-        return LimitExceeded(
-            f"{what} would nest {where} deeper than max_depth={limits.max_depth}",
-            limit="max_depth",
-            value=limits.max_depth,
-        )
-    if kind == "work":
-        return LimitExceeded(
-            f"{what} walks more than twice max_bytes={limits.max_bytes} of {where} "
-            "(operations that copy or remove large values over and over)",
-            limit="max_bytes",
-            value=limits.max_bytes,
-        )
-    return LimitExceeded(
-        f"{what} would make {where} larger than max_bytes={limits.max_bytes} "
-        "(encoded, approximately)",
-        limit="max_bytes",
-        value=limits.max_bytes,
-    )
-
-
-def _patch(doc: _Doc, patch: Any, limits: StateLimits, undo: _Undo, what: str, where: str) -> None:
-    """Apply *patch* to *doc* in place, logging into *undo* (roll it back on an error).
-
-    Raises PatchError or LimitExceeded.
-    """
-    try:
-        _Patcher(doc, limits, undo).apply(patch)
-    except _Fail as exc:
-        raise PatchError(f"JSON Patch does not apply: {exc}", patch=patch) from None
-    except _Over as over:
-        raise _limit_error(over, limits, what, where) from None
-
-
-def _measured(value: Any, limits: StateLimits, what: str, where: str) -> _Doc:
-    """A document of *value* (a snapshot), or LimitExceeded."""
-    try:
-        size, _ = _measure(value, limits.max_bytes, limits.max_depth)
-    except _Over as over:
-        raise _limit_error(over, limits, what, where) from None
-    return _Doc(value, size)
-
-
-def _adopted(value: Any) -> _Doc:
-    """A document of a value that is already in the state, whatever its size."""
-    return _Doc(value, _measure(value, math.inf, None)[0])
-
-
 # -- the thread state ------------------------------------------------------------------
 
 
@@ -651,8 +142,8 @@ class ThreadState:
     them in place (assign ``messages`` a new list to replace it). What
     :meth:`compact` returns does not change as more events are applied.
     *limits* bound the state document and activity contents (see
-    :class:`StateLimits`). Two states are equal when their state documents,
-    messages, runs and open items are.
+    :class:`~agui_hub.agui.patch.StateLimits`). Two states are equal when
+    their state documents, messages, runs and open items are.
     """
 
     state: Any = field(default_factory=dict)
@@ -674,22 +165,11 @@ class ThreadState:
     limits: StateLimits = field(default=DEFAULT_LIMITS, compare=False, repr=False)
     """Bounds on the state document and on each activity message's content."""
     _chunks: ChunkExpander = field(default_factory=ChunkExpander, init=False)
-    _messages: list[Msg] = field(default_factory=list, init=False)
-    # Indexes, kept in step with _messages: the first message with an id; the
-    # first (message, tool call) with a tool call id, in any message and in
-    # assistant messages.
-    _by_id: dict[Any, Msg] = field(default_factory=dict, init=False)
-    _calls: dict[Any, tuple[Msg, Msg]] = field(default_factory=dict, init=False)
-    _assistant_calls: dict[Any, tuple[Msg, Msg]] = field(default_factory=dict, init=False)
-    # Where each message was last seen in the list: id(message) -> index. An
-    # insertion moves the messages after it one place on, so a hint is at or
-    # before the message's place; _position() walks on from it.
-    _pos: dict[int, int] = field(default_factory=dict, init=False)
-    # Deltas not yet joined: id(target) -> [target dict, key, parts]; the
-    # target holds a reference, so its id is not reused meanwhile.
-    _parts: dict[int, tuple[Msg, str, list[str]]] = field(default_factory=dict, init=False)
-    _doc: _Doc | None = field(default=None, init=False)
-    _activity: dict[Any, _Doc] = field(default_factory=dict, init=False)
+    _messages: MessageList = field(default_factory=MessageList, init=False)
+    _doc: Document | None = field(default=None, init=False)
+    """The state document with its running size (``None`` until it is patched)."""
+    _activity: dict[Any, Document] = field(default_factory=dict, init=False)
+    """The documents of activity messages' contents, by message id."""
     _exposed: int = field(default=0, init=False)
     """Bumped by compact(): documents handed out are shared from then on."""
 
@@ -698,15 +178,12 @@ class ThreadState:
     @property
     def messages(self) -> list[Msg]:
         """Messages as canonical wire dicts, in conversation order."""
-        if self._parts:
-            self._join()
-        return self._messages
+        return self._messages.items
 
     @messages.setter
     def messages(self, messages: list[Msg]) -> None:
-        self._join()
-        self._messages = list(messages)
-        self._reindex()
+        self._messages.replace_all(messages)
+        self._forget_orphan_activity()
 
     @property
     def current_run(self) -> RunRecord | None:
@@ -720,9 +197,7 @@ class ThreadState:
 
     def message(self, message_id: str) -> Msg | None:
         """The first message with this id, or ``None``."""
-        if self._parts:
-            self._join()
-        return self._by_id.get(message_id)
+        return self._messages.get(message_id)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ThreadState):
@@ -745,15 +220,10 @@ class ThreadState:
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        # For copy.deepcopy and pickle: pending deltas are keyed by id(), and
-        # ownership is by id() too; a copy starts with neither.
-        self._join()
+        # For copy.deepcopy and pickle: ownership is by id(), so a copy starts
+        # with none (the message list drops its own id()-keyed hints).
         self._exposed += 1
         return self.__dict__.copy()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._pos = {id(message): i for i, message in enumerate(self._messages)}
 
     def __repr__(self) -> str:
         return (
@@ -786,16 +256,16 @@ class ThreadState:
             raise InvalidEvent(f"an event is an object, not {type(event).__name__}")
         if "metadata" in event and not isinstance(event["metadata"], dict):
             # Checked first: handlers merge metadata last, after their changes.
-            raise _malformed(event, TypeError("metadata is not an object"))
+            raise malformed_event(event, TypeError("metadata is not an object"))
         chunk = isinstance(event.get("type"), str) and event["type"] in _CHUNKS
         if chunk and not isinstance(event.get("delta", ""), str):
-            raise _malformed(event, TypeError("delta is not a string"))
+            raise malformed_event(event, TypeError("delta is not a string"))
         try:
             expanded_events = self._chunks.expand(event)
         except ProtocolError:
             raise
-        except _MALFORMED as exc:
-            raise _malformed(event, exc) from None
+        except MALFORMED_EVENT_ERRORS as exc:
+            raise malformed_event(event, exc) from None
         for expanded in expanded_events:
             handler = _HANDLERS.get(expanded.get("type"))  # type: ignore[arg-type]
             if handler is None:
@@ -804,8 +274,8 @@ class ThreadState:
                 handler(self, expanded)
             except ProtocolError:
                 raise
-            except _MALFORMED as exc:
-                raise _malformed(expanded, exc) from None
+            except MALFORMED_EVENT_ERRORS as exc:
+                raise malformed_event(expanded, exc) from None
 
     def flush(self) -> None:
         """End every chunk stream left open (the producer stopped mid-stream)."""
@@ -846,7 +316,7 @@ class ThreadState:
 
     def _snapshots(self) -> list[dict[str, Any]]:
         return [
-            {"type": "MESSAGES_SNAPSHOT", "messages": [_own_message(m) for m in self.messages]},
+            {"type": "MESSAGES_SNAPSHOT", "messages": [own_message(m) for m in self.messages]},
             {"type": "STATE_SNAPSHOT", "snapshot": self.state},
         ]
 
@@ -888,18 +358,30 @@ class ThreadState:
         self.open_steps.clear()
         self.active_subagents.clear()
 
+    def _messages_replaced(self) -> None:
+        """Follow a snapshot that replaced messages: forget what they took along."""
+        self._forget_orphan_activity()
+        self._forget_removed()
+
+    def _forget_orphan_activity(self) -> None:
+        """Drop the documents of activity messages that are no longer in the list."""
+        by_id = self._messages.by_id
+        for message_id in [k for k in self._activity if k not in by_id]:
+            del self._activity[message_id]
+
     def _forget_removed(self) -> None:
         """Stop tracking streams whose message a snapshot removed.
 
         Their further deltas have nothing to apply to, in this state as in
         one rebuilt from :meth:`compact`.
         """
-        ids = {m.get("id") for m in self._messages if m.get("role") != "activity"}
+        ids = self._messages.ids()
         for tracked in (self.open_messages, self.open_reasoning_messages):
             for message_id in [k for k in tracked if k not in ids]:
                 del tracked[message_id]
+        calls = self._messages.calls
         for call_id, opened in list(self.open_tool_calls.items()):
-            found = self._calls.get(call_id)
+            found = calls.get(call_id)
             if found is None:
                 del self.open_tool_calls[call_id]
             else:
@@ -907,89 +389,21 @@ class ThreadState:
                 # it was started in: further args go there, and a reopener says so.
                 opened["parentMessageId"] = found[0]["id"]
 
-    def _find_tool_call(self, tool_call_id: str) -> tuple[Msg, Msg] | None:
-        return self._calls.get(tool_call_id)
-
-    def _add_message(self, message: Msg) -> None:
-        """Append *message* and index it (a later message never shadows an earlier one)."""
-        self._pos[id(message)] = len(self._messages)
-        self._messages.append(message)
-        self._index(message)
-
-    def _index(self, message: Msg) -> None:
-        message_id = message.get("id")
-        if isinstance(message_id, _KEYS):  # anything else is in no valid event
-            self._by_id.setdefault(message_id, message)
-        calls = message.get("toolCalls")
-        if not isinstance(calls, list):
-            return
-        assistant = message.get("role") == "assistant"
-        for call in calls:
-            if isinstance(call, dict) and isinstance(call_id := call.get("id"), _KEYS):
-                self._calls.setdefault(call_id, (message, call))
-                if assistant:
-                    self._assistant_calls.setdefault(call_id, (message, call))
-
-    def _reindex(self) -> None:
-        self._by_id = {}
-        self._calls = {}
-        self._assistant_calls = {}
-        self._pos = {id(message): i for i, message in enumerate(self._messages)}
-        for message in self._messages:
-            self._index(message)
-        for message_id in [k for k in self._activity if k not in self._by_id]:
-            del self._activity[message_id]
-
-    def _position(self, message: Msg) -> int:
-        """Where *message* is in the list: from where it was last seen, walking on
-        past the messages inserted before it since."""
-        messages = self._messages
-        at, end = self._pos.get(id(message), 0), len(messages)
-        while at < end and messages[at] is not message:
-            at += 1
-        if at == end:  # pragma: no cover - the hints are kept in step
-            at = next(i for i, m in enumerate(messages) if m is message)
-        self._pos[id(message)] = at
-        return at
-
-    def _append_text(self, target: Msg, key: str, delta: str) -> None:
-        """Add *delta* to the string ``target[key]``, joined when it is read."""
-        pending = self._parts.get(id(target))
-        if pending is None:
-            current = target.get(key)
-            base = current if isinstance(current, str) else ""
-            target[key] = base  # the key's place in the dict, as if concatenated now
-            self._parts[id(target)] = (target, key, [base, delta])
-            return
-        # Merged like a binary counter: the parts get shorter from first to
-        # last, so there are few of them and each character is copied only
-        # a logarithmic number of times.
-        parts = pending[2]
-        parts.append(delta)
-        while len(parts) > 1 and len(parts[-2]) <= len(parts[-1]):
-            last = parts.pop()
-            parts[-1] += last
-
-    def _join(self) -> None:
-        for target, key, parts in self._parts.values():
-            target[key] = "".join(parts)
-        self._parts.clear()
-
-    def _state_doc(self) -> _Doc:
+    def _state_doc(self) -> Document:
         doc = self._doc
         if doc is None or doc.root is not self.state:
-            doc = self._doc = _adopted(self.state)  # the state was assigned from outside
+            doc = self._doc = adopted_document(self.state)  # the state was assigned from outside
         if doc.gen != self._exposed:
             doc.owned.clear()
             doc.gen = self._exposed
         return doc
 
-    def _activity_doc(self, message: Msg) -> _Doc:
+    def _activity_doc(self, message: Msg) -> Document:
         message_id = message.get("id")
         content = message.get("content") or {}
         doc = self._activity.get(message_id)
         if doc is None or doc.root is not content:
-            doc = self._activity[message_id] = _adopted(content)
+            doc = self._activity[message_id] = adopted_document(content)
         if doc.gen != self._exposed:
             doc.owned.clear()
             doc.gen = self._exposed
@@ -1026,7 +440,9 @@ def fold(
 # -- helpers ------------------------------------------------------------------------
 
 
-def _malformed(event: WireEvent, exc: BaseException) -> InvalidEvent:
+def malformed_event(event: WireEvent, exc: BaseException) -> InvalidEvent:
+    """The InvalidEvent to raise for *event*, whose fold failed with *exc* (one of
+    :data:`MALFORMED_EVENT_ERRORS`): it names the event type and what is wrong."""
     event_type = event.get("type")
     detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
     return InvalidEvent(
@@ -1051,50 +467,41 @@ def _merge_metadata(target: Msg | None, event: WireEvent) -> None:
         target["metadata"] = dict(incoming)
 
 
-def _own_message(message: Mapping[str, Any]) -> Msg:
-    """A copy of *message* that can be mutated without touching the original."""
-    owned = dict(message)
-    calls = owned.get("toolCalls")
-    if calls is not None:
-        owned["toolCalls"] = [{**c, "function": dict(c.get("function") or {})} for c in calls]
-    return owned
-
-
 # -- handlers, one per event type ---------------------------------------------------------
 
 
 def _text_start(ts: ThreadState, e: WireEvent, role_default: str) -> None:
     message_id = e["messageId"]
-    message = ts._by_id.get(message_id)
+    message = ts._messages.by_id.get(message_id)
     if message is not None and message.get("role") == "activity":
         return  # ids are unique across activity and streamed messages; ignore the reuse
     if message is None:
         message = {"id": message_id, "role": e.get("role", role_default), "content": ""}
         message.update(_attrs(e, "name", "subagentRunId"))
-        ts._add_message(message)
+        ts._messages.append(message)
     _merge_metadata(message, e)
 
 
 def _text_content(ts: ThreadState, e: WireEvent) -> None:
-    message = ts._by_id.get(e["messageId"])
+    message = ts._messages.by_id.get(e["messageId"])
     delta = e["delta"]
     if message is None or message.get("role") == "activity":
         return
     if not isinstance(delta, str):
         raise TypeError("delta is not a string")
-    ts._append_text(message, "content", delta)
+    ts._messages.append_text(message, "content", delta)
     _merge_metadata(message, e)
 
 
 def _text_end(ts: ThreadState, e: WireEvent) -> None:
-    message = ts._by_id.get(e["messageId"])
+    message = ts._messages.by_id.get(e["messageId"])
     if message is not None and message.get("role") != "activity":
         _merge_metadata(message, e)
 
 
 def on_text_message_start(ts: ThreadState, e: WireEvent) -> None:
     _text_start(ts, e, "assistant")
-    message = ts._by_id.get(e["messageId"])
+    message = ts._messages.by_id.get(e["messageId"])
     if message is not None and message.get("role") != "activity":
         ts.open_messages[e["messageId"]] = {
             "messageId": e["messageId"],
@@ -1111,20 +518,20 @@ def on_text_message_end(ts: ThreadState, e: WireEvent) -> None:
 def _tool_parent(ts: ThreadState, parent_id: str | None, tool_call_id: str) -> tuple[Msg, bool]:
     """The assistant message a new tool call attaches to, and whether it is new."""
     if parent_id is not None:
-        existing = ts._by_id.get(parent_id)
+        existing = ts._messages.by_id.get(parent_id)
         if existing is not None and existing.get("role") == "assistant":
             return existing, False
         new_id = tool_call_id if existing is not None else parent_id
     else:
         new_id = tool_call_id
     parent: Msg = {"id": new_id, "role": "assistant", "toolCalls": []}
-    ts._add_message(parent)
+    ts._messages.append(parent)
     return parent, True
 
 
 def on_tool_call_start(ts: ThreadState, e: WireEvent) -> None:
     tool_call_id, name = e["toolCallId"], e["toolCallName"]
-    found = ts._calls.get(tool_call_id)
+    found = ts._messages.calls.get(tool_call_id)
     if found is not None:
         owner, call = found
         call["function"]["name"] = name
@@ -1133,12 +540,8 @@ def on_tool_call_start(ts: ThreadState, e: WireEvent) -> None:
         owner, is_new = _tool_parent(ts, e.get("parentMessageId"), tool_call_id)
         if is_new and e.get("subagentRunId") is not None and "subagentRunId" not in owner:
             owner["subagentRunId"] = e["subagentRunId"]
-        if owner.get("toolCalls") is None:
-            owner["toolCalls"] = []
         call = {"id": tool_call_id, "type": "function", "function": {"name": name, "arguments": ""}}
-        owner["toolCalls"].append(call)
-        ts._calls.setdefault(tool_call_id, (owner, call))
-        ts._assistant_calls.setdefault(tool_call_id, (owner, call))
+        ts._messages.add_tool_call(owner, call)
         _merge_metadata(call, e)
     ts.open_tool_calls[tool_call_id] = {
         "toolCallId": tool_call_id,
@@ -1149,18 +552,18 @@ def on_tool_call_start(ts: ThreadState, e: WireEvent) -> None:
 
 
 def on_tool_call_args(ts: ThreadState, e: WireEvent) -> None:
-    found = ts._calls.get(e["toolCallId"])
+    found = ts._messages.calls.get(e["toolCallId"])
     delta = e["delta"]
     if found is not None:
         call = found[1]
         if not isinstance(delta, str):
             raise TypeError("delta is not a string")
-        ts._append_text(call["function"], "arguments", delta)
+        ts._messages.append_text(call["function"], "arguments", delta)
         _merge_metadata(call, e)
 
 
 def on_tool_call_end(ts: ThreadState, e: WireEvent) -> None:
-    found = ts._calls.get(e["toolCallId"])
+    found = ts._messages.calls.get(e["toolCallId"])
     if found is not None:
         _merge_metadata(found[1], e)
     ts.open_tool_calls.pop(e["toolCallId"], None)
@@ -1168,7 +571,7 @@ def on_tool_call_end(ts: ThreadState, e: WireEvent) -> None:
 
 def on_tool_call_result(ts: ThreadState, e: WireEvent) -> None:
     tool_call_id = e["toolCallId"]
-    if not isinstance(e["messageId"], _KEYS):
+    if not isinstance(e["messageId"], INDEXED_IDS):
         raise TypeError("messageId is not a string")
     message: Msg = {
         "id": e["messageId"],
@@ -1178,23 +581,15 @@ def on_tool_call_result(ts: ThreadState, e: WireEvent) -> None:
         **_attrs(e, "subagentRunId"),
     }
     _merge_metadata(message, e)
-    found = ts._assistant_calls.get(tool_call_id)
+    found = ts._messages.assistant_calls.get(tool_call_id)
     if found is None:
-        ts._add_message(message)
-        return
-    messages = ts._messages
-    at = ts._position(found[0]) + 1
-    while at < len(messages) and messages[at].get("role") == "tool":
-        at += 1
-    messages.insert(at, message)
-    ts._pos[id(message)] = at
-    first = ts._by_id.setdefault(message["id"], message)
-    if first is not message and ts._position(first) > at:
-        ts._by_id[message["id"]] = message  # inserted before the one indexed so far
+        ts._messages.append(message)
+    else:
+        ts._messages.insert_after_results(found[0], message)
 
 
 def on_state_snapshot(ts: ThreadState, e: WireEvent) -> None:
-    doc = _measured(e["snapshot"], ts.limits, "STATE_SNAPSHOT", "the state")
+    doc = snapshot_document(e["snapshot"], ts.limits, "STATE_SNAPSHOT", "the state")
     doc.gen = ts._exposed
     ts.state = doc.root
     ts._doc = doc
@@ -1203,78 +598,35 @@ def on_state_snapshot(ts: ThreadState, e: WireEvent) -> None:
 def on_state_delta(ts: ThreadState, e: WireEvent) -> None:
     delta = e["delta"]
     doc = ts._state_doc()
-    undo = _Undo()
+    undo = UndoLog()
     try:
-        _patch(doc, delta, ts.limits, undo, "STATE_DELTA", "the state")
+        apply_patch(doc, delta, ts.limits, undo, "STATE_DELTA", "the state")
     except BaseException:
         undo.rollback()
         raise
     ts.state = doc.root
 
 
-def _authoritative_activity_types(e: WireEvent) -> Any:
-    """The activity types a MESSAGES_SNAPSHOT declares it owns (client metadata).
-
-    ``_UNDECLARED`` when not declared, ``None`` for "all types", else a list.
-    """
-    metadata = e.get("metadata")
-    if not isinstance(metadata, dict) or _CLIENT_METADATA_KEY not in metadata:
-        return _UNDECLARED
-    declared = metadata[_CLIENT_METADATA_KEY]
-    if not isinstance(declared, dict):
-        return []
-    if "authoritativeActivityTypes" not in declared:
-        return _UNDECLARED
-    types = declared["authoritativeActivityTypes"]
-    if types is None:
-        return None
-    if isinstance(types, list) and all(isinstance(t, str) for t in types):
-        return types
-    return []
-
-
-def _preserved(owned: Any, has_activity: bool, has_reasoning: bool) -> Callable[[Msg], bool]:
-    """Whether a message a MESSAGES_SNAPSHOT does not name survives it.
-
-    Client-only messages the producer may not know about survive a snapshot
-    unless the snapshot declares itself authoritative for their kind.
-    """
-
-    def preserved(m: Msg) -> bool:
-        if m.get("role") == "activity":
-            if isinstance(owned, list):
-                return m.get("activityType") not in owned
-            return owned is _UNDECLARED and not has_activity
-        return m.get("role") == "reasoning" and not has_reasoning
-
-    return preserved
-
-
 def on_messages_snapshot(ts: ThreadState, e: WireEvent) -> None:
-    incoming = [_own_message(m) for m in e["messages"]]
+    incoming = [own_message(m) for m in e["messages"]]
     by_id = {m["id"]: m for m in incoming}
-    preserved = _preserved(
-        _authoritative_activity_types(e),
-        any(m.get("role") == "activity" for m in incoming),
-        any(m.get("role") == "reasoning" for m in incoming),
-    )
-    ts._join()
-    kept = [by_id.get(m.get("id"), m) for m in ts._messages if m.get("id") in by_id or preserved(m)]
+    preserved = snapshot_keeps(e, incoming)
+    current = ts._messages.items
+    kept = [by_id.get(m.get("id"), m) for m in current if m.get("id") in by_id or preserved(m)]
     kept_ids = {m.get("id") for m in kept}
     kept += [m for m in incoming if m["id"] not in kept_ids]
-    ts._messages = kept
-    ts._reindex()
-    ts._forget_removed()
+    ts._messages.replace_all(kept)
+    ts._messages_replaced()
 
 
 def on_activity_snapshot(ts: ThreadState, e: WireEvent) -> None:
     message_id = e["messageId"]
     activity_type, content = e["activityType"], e["content"]
-    existing = ts._by_id.get(message_id)
+    existing = ts._messages.by_id.get(message_id)
     replace = e.get("replace", True)
     doc = None
     if existing is None or replace:  # the content goes into the state
-        doc = _measured(content, ts.limits, "ACTIVITY_SNAPSHOT", "the activity content")
+        doc = snapshot_document(content, ts.limits, "ACTIVITY_SNAPSHOT", "the activity content")
         doc.gen = ts._exposed
     fresh: Msg = {
         "id": message_id,
@@ -1285,7 +637,7 @@ def on_activity_snapshot(ts: ThreadState, e: WireEvent) -> None:
     }
     target: Msg | None
     if existing is None:
-        ts._add_message(fresh)
+        ts._messages.append(fresh)
         target = fresh
     elif existing.get("role") == "activity":
         target = existing
@@ -1295,10 +647,9 @@ def on_activity_snapshot(ts: ThreadState, e: WireEvent) -> None:
             target.pop("subagentRunId", None)
             target.update(_attrs(e, "subagentRunId"))
     elif replace:
-        ts._join()
-        ts._messages[ts._position(existing)] = target = fresh
-        ts._reindex()
-        ts._forget_removed()
+        ts._messages.replace(existing, fresh)
+        ts._messages_replaced()
+        target = fresh
     else:
         target = None
     if doc is not None and target is not None:
@@ -1308,13 +659,13 @@ def on_activity_snapshot(ts: ThreadState, e: WireEvent) -> None:
 
 def on_activity_delta(ts: ThreadState, e: WireEvent) -> None:
     patch, activity_type = e["patch"], e["activityType"]
-    current = ts._by_id.get(e["messageId"])
+    current = ts._messages.by_id.get(e["messageId"])
     if current is None or current.get("role") != "activity":
         return
     doc = ts._activity_doc(current)
-    undo = _Undo()
+    undo = UndoLog()
     try:
-        _patch(doc, patch, ts.limits, undo, "ACTIVITY_DELTA", "the activity content")
+        apply_patch(doc, patch, ts.limits, undo, "ACTIVITY_DELTA", "the activity content")
     except BaseException:
         undo.rollback()
         raise
@@ -1323,18 +674,8 @@ def on_activity_delta(ts: ThreadState, e: WireEvent) -> None:
     _merge_metadata(current, e)
 
 
-def _input_messages(e: WireEvent) -> list[Msg]:
-    run_input = e.get("input")
-    if not isinstance(run_input, dict):
-        return []
-    messages = [_own_message(m) for m in run_input.get("messages") or ()]
-    if not all(isinstance(m.get("id"), _KEYS) for m in messages):
-        raise TypeError("a message id is not a string")
-    return messages
-
-
 def on_run_started(ts: ThreadState, e: WireEvent) -> None:
-    input_messages = _input_messages(e)  # first: a malformed input changes nothing
+    new_messages = input_messages(e)  # first: a malformed input changes nothing
     ts._close_everything()
     # The latest run keeps its input (tools, context, forwarded props: what a
     # late joiner's snapshot must carry); earlier runs drop theirs, so that a
@@ -1356,9 +697,9 @@ def on_run_started(ts: ThreadState, e: WireEvent) -> None:
             started=started,
         )
     )
-    for message in input_messages:
-        if message.get("id") not in ts._by_id:
-            ts._add_message(message)
+    for message in new_messages:
+        if message.get("id") not in ts._messages.by_id:
+            ts._messages.append(message)
 
 
 def _end_run(ts: ThreadState, e: WireEvent, status: RunStatus) -> None:
@@ -1400,7 +741,7 @@ def on_reasoning_end(ts: ThreadState, e: WireEvent) -> None:
 
 def on_reasoning_message_start(ts: ThreadState, e: WireEvent) -> None:
     _text_start(ts, {**e, "role": "reasoning"}, "reasoning")
-    message = ts._by_id.get(e["messageId"])
+    message = ts._messages.by_id.get(e["messageId"])
     if message is not None and message.get("role") != "activity":
         ts.open_reasoning_messages[e["messageId"]] = _attrs(e, "messageId", "subagentRunId")
 
@@ -1413,11 +754,11 @@ def on_reasoning_message_end(ts: ThreadState, e: WireEvent) -> None:
 def on_reasoning_encrypted_value(ts: ThreadState, e: WireEvent) -> None:
     entity_id, value = e["entityId"], e["encryptedValue"]
     if e["subtype"] == "tool-call":
-        found = ts._assistant_calls.get(entity_id)
+        found = ts._messages.assistant_calls.get(entity_id)
         if found is not None:
             found[1]["encryptedValue"] = value
         return
-    target = ts._by_id.get(entity_id)
+    target = ts._messages.by_id.get(entity_id)
     if target is not None and target.get("role") != "activity":
         target["encryptedValue"] = value
 
@@ -1463,215 +804,4 @@ _HANDLERS: dict[str, Callable[[ThreadState, WireEvent], None]] = {
     EventType.SUBAGENT_STARTED: on_subagent_started,
     EventType.SUBAGENT_FINISHED: on_subagent_ended,
     EventType.SUBAGENT_ERROR: on_subagent_ended,
-}
-
-
-# -- what a writer judges ------------------------------------------------------------------
-
-
-class _Activity:
-    __slots__ = ("doc", "type")
-
-    def __init__(self, activity_type: Any, doc: _Doc) -> None:
-        self.type = activity_type
-        self.doc = doc
-
-
-class StateDocuments:
-    """The state document and activity contents of one thread, under :class:`StateLimits`.
-
-    What a writer keeps of a thread to judge STATE_* and ACTIVITY_* events
-    before it stores them: :meth:`apply` folds an event into these documents
-    exactly as :class:`ThreadState` does, and refuses what ThreadState would
-    refuse (a patch that does not apply, a limit exceeded), changing nothing.
-    MESSAGES_SNAPSHOT and the messages of a run's input add, replace and
-    remove activity messages as they do in the thread state; other events
-    change nothing here. It keeps no text, so it costs the size of the
-    documents only (:attr:`size`).
-
-    Changes can be grouped: :meth:`begin`, then :meth:`commit` or
-    :meth:`rollback` (a batch is stored whole or not at all).
-
-    With ``known=False`` (a thread whose beginning was trimmed away) the state
-    document is unknown: STATE_DELTA events are not judged until a
-    STATE_SNAPSHOT. An activity message it never saw is not judged either.
-
-    Unlike the thread state it does not know the ids of other messages: an
-    ACTIVITY_SNAPSHOT with ``replace: false`` (or an activity message in a
-    run's input) whose id is that of a text message is taken as a new activity
-    message, where the thread state ignores it (ids are unique across kinds of
-    messages in practice).
-    """
-
-    __slots__ = ("_activities", "_activity_bytes", "_state", "_txn", "known", "limits")
-
-    def __init__(self, limits: StateLimits = DEFAULT_LIMITS, *, known: bool = True) -> None:
-        self.limits = limits
-        self.known = known
-        """Whether the state document is known (see above)."""
-        self._state = _Doc({}, 2)
-        self._activities: dict[Any, _Activity] = {}
-        self._activity_bytes = 0
-        self._txn: list[_Undo] | None = None
-
-    @property
-    def state(self) -> Any:
-        """The state document (do not change it)."""
-        return self._state.root
-
-    @property
-    def size(self) -> int:
-        """Approximate encoded bytes of the state document and every activity content."""
-        return self._state.size + self._activity_bytes
-
-    def activity(self, message_id: str) -> Any:
-        """The content of an activity message, ``None`` when there is none with this id."""
-        found = self._activities.get(message_id)
-        return None if found is None else found.doc.root
-
-    def apply(self, event: WireEvent) -> None:
-        """Fold one (valid) wire event; raise as :meth:`ThreadState.apply` would, changing nothing.
-
-        Raises :class:`~agui_hub.errors.PatchError`,
-        :class:`~agui_hub.errors.LimitExceeded`, or
-        :class:`~agui_hub.errors.InvalidEvent` for a malformed event.
-        """
-        if not isinstance(event, Mapping):
-            raise InvalidEvent(f"an event is an object, not {type(event).__name__}")
-        handler = _DOC_HANDLERS.get(event.get("type"))  # type: ignore[arg-type]
-        if handler is None:
-            return
-        undo = _Undo()
-        try:
-            handler(self, event, undo)
-        except ProtocolError:
-            undo.rollback()
-            raise
-        except _MALFORMED as exc:
-            undo.rollback()
-            raise _malformed(event, exc) from None
-        except BaseException:
-            undo.rollback()
-            raise
-        if self._txn is not None:
-            self._txn.append(undo)
-
-    def fold(self, event: Any) -> bool:
-        """Fold an event that is stored already: one that does not apply is skipped (``False``)."""
-        try:
-            self.apply(event)
-        except ProtocolError:
-            return False
-        return True
-
-    def begin(self) -> None:
-        """Start recording changes, to :meth:`commit` or :meth:`rollback` them together."""
-        self._txn = []
-
-    def commit(self) -> None:
-        """Keep the changes since :meth:`begin` (no-op without one)."""
-        self._txn = None
-
-    def rollback(self) -> None:
-        """Undo every change since :meth:`begin`, exactly (no-op without one)."""
-        txn, self._txn = self._txn, None
-        for undo in reversed(txn or ()):
-            undo.rollback()
-
-    def _set_activity(self, message_id: Any, activity_type: Any, doc: _Doc, undo: _Undo) -> None:
-        activities = self._activities
-        undo.attr(self, "_activity_bytes")
-        old = activities.get(message_id)
-        if old is None:
-            undo.log.append((_U_NEWKEY, activities, message_id, None))
-        else:
-            undo.log.append((_U_SET, activities, message_id, old))
-            self._activity_bytes -= old.doc.size
-        activities[message_id] = _Activity(activity_type, doc)
-        self._activity_bytes += doc.size
-
-    def _drop_activity(self, message_id: Any, undo: _Undo) -> None:
-        old = self._activities.pop(message_id)
-        undo.attr(self, "_activity_bytes")
-        undo.log.append((_U_DELKEY, self._activities, message_id, old))
-        self._activity_bytes -= old.doc.size
-
-
-def _doc_state_snapshot(d: StateDocuments, e: WireEvent, undo: _Undo) -> None:
-    doc = _measured(e["snapshot"], d.limits, "STATE_SNAPSHOT", "the state")
-    undo.attr(d, "_state")
-    undo.attr(d, "known")
-    d._state, d.known = doc, True
-
-
-def _doc_state_delta(d: StateDocuments, e: WireEvent, undo: _Undo) -> None:
-    delta = e["delta"]
-    if d.known:
-        _patch(d._state, delta, d.limits, undo, "STATE_DELTA", "the state")
-
-
-def _doc_activity_snapshot(d: StateDocuments, e: WireEvent, undo: _Undo) -> None:
-    message_id, activity_type, content = e["messageId"], e["activityType"], e["content"]
-    if message_id in d._activities and not e.get("replace", True):
-        return
-    doc = _measured(content, d.limits, "ACTIVITY_SNAPSHOT", "the activity content")
-    d._set_activity(message_id, activity_type, doc, undo)
-
-
-def _doc_activity_delta(d: StateDocuments, e: WireEvent, undo: _Undo) -> None:
-    patch, activity_type = e["patch"], e["activityType"]
-    activity = d._activities.get(e["messageId"])
-    if activity is None:
-        return
-    undo.attr(d, "_activity_bytes")
-    undo.attr(activity, "type")
-    undo.attr(activity, "doc")
-    before = activity.doc.size
-    if not activity.doc.root:
-        activity.doc = _Doc({}, 2)  # as ThreadState: a patch of a missing content patches {}
-    _patch(activity.doc, patch, d.limits, undo, "ACTIVITY_DELTA", "the activity content")
-    d._activity_bytes += activity.doc.size - before
-    activity.type = activity_type
-
-
-def _doc_messages_snapshot(d: StateDocuments, e: WireEvent, undo: _Undo) -> None:
-    incoming = e["messages"]
-    by_id = {m["id"]: m for m in incoming}
-    preserved = _preserved(
-        _authoritative_activity_types(e),
-        any(m.get("role") == "activity" for m in incoming),
-        any(m.get("role") == "reasoning" for m in incoming),
-    )
-    for message_id, activity in list(d._activities.items()):
-        replacement = by_id.get(message_id)
-        if replacement is not None:
-            if replacement.get("role") == "activity":
-                doc = _adopted(replacement.get("content"))
-                d._set_activity(message_id, replacement.get("activityType"), doc, undo)
-            else:
-                d._drop_activity(message_id, undo)
-        elif not preserved({"role": "activity", "activityType": activity.type}):
-            d._drop_activity(message_id, undo)
-    for message in incoming:
-        message_id = message["id"]
-        if message.get("role") == "activity" and message_id not in d._activities:
-            doc = _adopted(message.get("content"))
-            d._set_activity(message_id, message.get("activityType"), doc, undo)
-
-
-def _doc_run_started(d: StateDocuments, e: WireEvent, undo: _Undo) -> None:
-    for message in _input_messages(e):
-        message_id = message.get("id")
-        if message.get("role") == "activity" and message_id not in d._activities:
-            doc = _adopted(message.get("content"))
-            d._set_activity(message_id, message.get("activityType"), doc, undo)
-
-
-_DOC_HANDLERS: dict[str, Callable[[StateDocuments, WireEvent, _Undo], None]] = {
-    EventType.STATE_SNAPSHOT: _doc_state_snapshot,
-    EventType.STATE_DELTA: _doc_state_delta,
-    EventType.ACTIVITY_SNAPSHOT: _doc_activity_snapshot,
-    EventType.ACTIVITY_DELTA: _doc_activity_delta,
-    EventType.MESSAGES_SNAPSHOT: _doc_messages_snapshot,
-    EventType.RUN_STARTED: _doc_run_started,
 }

@@ -2,7 +2,9 @@
 
 * :mod:`~agui_hub.gateway.channels` - ``Hub`` and ``ThreadChannel``: one
   channel per live thread, catch-up then live with no gap, each event encoded
-  once per encoding;
+  once per encoding; its collaborators beside it: :mod:`~.members`,
+  :mod:`~.history` (the (re)load), :mod:`~.checkpoints`, :mod:`~.recent`
+  (the latest entries in memory), :mod:`~.catchup`, :mod:`~.entries`;
 * :mod:`~agui_hub.gateway.writer` - ``ThreadWriter``: validate, verify the
   sequence, append (the one write path);
 * :mod:`~agui_hub.gateway.auth` - identities, grants, tokens (sans I/O);

@@ -30,10 +30,10 @@ everything queued behind it, to be sent again in order.
 
 State events are judged too, before they are stored: the writer keeps each
 thread's state document and activity contents
-(:class:`~agui_hub.agui.reducer.StateDocuments`), so a STATE_DELTA or
+(:class:`~agui_hub.agui.documents.StateDocuments`), so a STATE_DELTA or
 ACTIVITY_DELTA that does not apply raises
 :class:`~agui_hub.errors.PatchError`, and a snapshot or delta that would take
-the state past the writer's :class:`~agui_hub.agui.reducer.StateLimits` raises
+the state past the writer's :class:`~agui_hub.agui.patch.StateLimits` raises
 :class:`~agui_hub.errors.LimitExceeded`, with nothing stored, exactly where
 :class:`~agui_hub.agui.reducer.ThreadState` (a gateway's fold) would refuse it.
 Events already stored that do not apply (a plain XADD producer's) are
@@ -57,8 +57,9 @@ from typing import Any
 import msgpack
 
 from ..agui.chunks import ChunkExpander
+from ..agui.documents import StateDocuments
 from ..agui.events import validate_batch
-from ..agui.reducer import DEFAULT_LIMITS, StateDocuments, StateLimits
+from ..agui.patch import DEFAULT_LIMITS, StateLimits
 from ..agui.sequence import SequenceVerifier
 from ..errors import (
     AppendConflict,

@@ -1,0 +1,599 @@
+"""RFC 6902 JSON Patch on a thread's documents, in place, with an undo log and bounded work.
+
+A :class:`Document` is one patchable value of a thread's folded state: the
+shared state document, or the content of one activity message. It carries a
+running estimate of its encoded size, so that :class:`StateLimits` can be
+checked per operation without walking the whole document.
+
+* :func:`apply_patch` patches a document in place and logs every change into
+  an :class:`UndoLog`; on an error the caller rolls the log back and the
+  document is exactly as before (key order included). Its cost is that of
+  the operations, not of the document: a patch may walk at most twice
+  ``max_bytes`` of the document it changes (measuring what it removes or
+  copies).
+* :func:`snapshot_document` makes a document of a value an event brings whole
+  (STATE_SNAPSHOT, ACTIVITY_SNAPSHOT), refusing one past the limits;
+  :func:`adopted_document` one of a value that is already in the state,
+  whatever its size.
+
+Values are shared, never deep-copied: the values of a patch are put into the
+document as they are, ``copy`` makes the copy share the source, and a
+snapshot is the event's own value. A container is changed in place only when
+the document owns it (it made it, and nothing else refers to it: ids in
+:attr:`Document.owned`); any other is first copied (one level, along the
+patched path). Whoever hands a document out (``ThreadState.compact()``) drops
+every ownership, by bumping the generation the ownership is valid for.
+
+Sizes are estimates of the JSON encoding: measured once per value that
+enters or leaves the document, by an iterative walker that stops as soon as
+a limit is exceeded, and kept as a running total. Nothing recurses, so no
+nesting can overflow the stack.
+
+Errors: :class:`~agui_hub.errors.PatchError` for a patch that does not apply,
+:class:`~agui_hub.errors.LimitExceeded` for one (or a snapshot) past the
+limits. Nothing else, whatever the patch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LimitExceeded, PatchError
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Document",
+    "StateLimits",
+    "UndoLog",
+    "adopted_document",
+    "apply_patch",
+    "snapshot_document",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StateLimits:
+    """Bounds on what events may put into a thread's folded state.
+
+    They keep one thread from taking the memory or the CPU of every thread
+    that shares a process: an event that would exceed them is refused with
+    :class:`~agui_hub.errors.LimitExceeded` and changes nothing.
+    """
+
+    max_depth: int = 64
+    """Deepest nesting of objects and arrays in the state document, and in each
+    activity message's content (``{}`` has depth 1, ``{"a": []}`` depth 2)."""
+    max_bytes: int = 8 * 1024 * 1024
+    """Largest approximate encoded size, in bytes, of the state document, and of
+    each activity message's content. A JSON Patch may also walk at most twice
+    this much of the document it changes (measuring what it removes or copies)."""
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 1 or self.max_bytes < 1:
+            raise ValueError("state limits must be at least 1")
+
+
+DEFAULT_LIMITS = StateLimits()
+
+
+_MISSING: Any = object()
+_INDEX = re.compile(r"0|[1-9][0-9]*")
+_BAD_ESCAPE = re.compile(r"~(?![01])")
+
+
+class _Fail(Exception):
+    """A patch operation that does not apply (becomes a PatchError)."""
+
+
+class _Over(Exception):
+    """A limit exceeded (becomes a LimitExceeded); ``args[0]`` names the limit."""
+
+
+class Document:
+    """One patchable document: the state, or the content of an activity message.
+
+    Make one with :func:`snapshot_document` or :func:`adopted_document`
+    (``Document({}, 2)`` is the empty object), and change it only through
+    :func:`apply_patch`, which keeps :attr:`size` and :attr:`owned` right.
+    """
+
+    __slots__ = ("gen", "owned", "root", "size")
+
+    def __init__(self, root: Any, size: int, gen: int = 0) -> None:
+        self.root = root
+        self.size = size
+        """Approximate encoded size in bytes."""
+        self.owned: set[int] = set()
+        """ids of the containers this document may change in place."""
+        self.gen = gen
+        """The exposure generation ``owned`` is valid for."""
+
+
+class _Meter:
+    """Bytes of existing document a patch may still walk (see StateLimits.max_bytes)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+# Undo records: (kind, target, key, old value)
+_U_SET = 0  # target[key] = old            (a replaced dict value or list item)
+_U_NEWKEY = 1  # del target[key]           (a dict key that was added)
+_U_DELKEY = 2  # target[key] = old         (a dict key that was removed; order fixed after)
+_U_INSERT = 3  # del target[key]           (a list item that was inserted)
+_U_POP = 4  # target.insert(key, old)      (a list item that was removed)
+_U_ATTR = 5  # setattr(target, key, old)
+
+
+class UndoLog:
+    """What one event changed, to put it back exactly.
+
+    Log each change before making it (:func:`apply_patch` logs its own);
+    :meth:`rollback` undoes them all, newest first. A log is used for one
+    event (or one batch) and dropped once the change is kept.
+    """
+
+    __slots__ = ("log", "orders")
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, Any, Any, Any]] = []
+        self.orders: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
+        """Dicts that lost a key other than their last: their key order before."""
+
+    def attr(self, target: Any, name: str) -> None:
+        """Log the attribute *name* of *target*, about to be set."""
+        self.log.append((_U_ATTR, target, name, getattr(target, name)))
+
+    def replaced_key(self, target: dict[Any, Any], key: Any, old: Any) -> None:
+        """Log that ``target[key]``, which was *old*, is about to be set."""
+        self.log.append((_U_SET, target, key, old))
+
+    def added_key(self, target: dict[Any, Any], key: Any) -> None:
+        """Log that *key*, not in *target*, is about to be added."""
+        self.log.append((_U_NEWKEY, target, key, None))
+
+    def removed_key(self, target: dict[Any, Any], key: Any, old: Any) -> None:
+        """Log that *key*, whose value was *old*, was removed from *target*.
+
+        A rollback puts it back at the end of the dict: where the order
+        matters, the patcher records it in :attr:`orders` too.
+        """
+        self.log.append((_U_DELKEY, target, key, old))
+
+    def rollback(self) -> None:
+        """Undo every change logged, newest first, and empty the log."""
+        for kind, target, key, old in reversed(self.log):
+            if kind in (_U_SET, _U_DELKEY):
+                target[key] = old
+            elif kind in (_U_NEWKEY, _U_INSERT):
+                del target[key]
+            elif kind == _U_POP:
+                target.insert(key, old)
+            else:
+                setattr(target, key, old)
+        for target, keys in self.orders.values():
+            # Keys re-added went to the end: restore the order they had.
+            items = [(key, target[key]) for key in keys if key in target]
+            target.clear()
+            target.update(items)
+        self.log.clear()
+        self.orders.clear()
+
+
+def _scalar_size(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value) + 2
+    if value is None or value is True:
+        return 4
+    if value is False:
+        return 5
+    return 8
+
+
+def _frame(node: Any, entered_at: int) -> list[Any]:
+    """A walker's frame: [container, iterator, is_dict, total when entered, highest item]."""
+    if isinstance(node, dict):
+        return [node, iter(node.items()), True, entered_at, 0]
+    return [node, iter(node), False, entered_at, 0]
+
+
+def _measure(
+    value: Any,
+    room: float,
+    max_height: int | None,
+    meter: _Meter | None = None,
+    owned: set[int] | None = None,
+) -> tuple[int, int]:
+    """(approximate encoded size, height) of *value*; a scalar has height 0,
+    a container one more than its highest item.
+
+    Raises ``_Over("max_bytes")`` as soon as the size exceeds *room*,
+    ``_Over("max_depth")`` as soon as the height would exceed *max_height*
+    (``None``: no bound), ``_Over("work")`` when the walk costs more than
+    *meter* has left. The id of every container walked is dropped from
+    *owned*: the value is shared from now on. A value that holds the same
+    container several times (a document made by ``copy``) is walked once per
+    container, and counted as often as it occurs.
+    """
+    if not isinstance(value, dict | list):
+        size = _scalar_size(value)
+        if size > room:
+            raise _Over("max_bytes")
+        return size, 0
+    if max_height is not None and max_height < 1:
+        raise _Over("max_depth")
+    memo: dict[int, tuple[int, int]] = {}
+    shared = 0  # bytes counted from memo, not walked
+    total = 2
+    stack: list[list[Any]] = [_frame(value, 0)]
+    if owned is not None:
+        owned.discard(id(value))
+    while stack:
+        top = stack[-1]
+        items, is_dict = top[1], top[2]
+        entered = False
+        for item in items:
+            if is_dict:
+                key, child = item
+                total += (len(key) if isinstance(key, str) else 8) + 4
+            else:
+                child = item
+                total += 1
+            if isinstance(child, dict | list):
+                known = memo.get(id(child))
+                if known is not None:
+                    total += known[0]
+                    shared += known[0]
+                    if known[1] > top[4]:
+                        top[4] = known[1]
+                    if max_height is not None and len(stack) + known[1] > max_height:
+                        raise _Over("max_depth")
+                else:
+                    if max_height is not None and len(stack) >= max_height:
+                        raise _Over("max_depth")
+                    if owned is not None:
+                        owned.discard(id(child))
+                    stack.append(_frame(child, total))
+                    total += 2
+                    entered = True
+            else:
+                total += _scalar_size(child)
+            if total > room:
+                raise _Over("max_bytes")
+            if entered:
+                break
+        if entered:
+            if meter is not None and total - shared > meter.left:
+                raise _Over("work")
+            continue
+        stack.pop()
+        height = top[4] + 1
+        memo[id(top[0])] = (total - top[3], height)
+        if stack and height > stack[-1][4]:
+            stack[-1][4] = height
+    if meter is not None:
+        meter.left -= total - shared
+        if meter.left < 0:
+            raise _Over("work")
+    return total, memo[id(value)][1]
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality (RFC 6902 ``test``): numbers by value, but a boolean is no number."""
+    pairs = [(a, b)]
+    while pairs:
+        x, y = pairs.pop()
+        if x is y:
+            continue
+        if isinstance(x, bool) or isinstance(y, bool):
+            if not (isinstance(x, bool) and isinstance(y, bool) and x == y):
+                return False
+        elif isinstance(x, int | float) and isinstance(y, int | float):
+            if x != y:
+                return False
+        elif isinstance(x, dict):
+            if not isinstance(y, dict) or len(x) != len(y):
+                return False
+            for key, item in x.items():
+                other = y.get(key, _MISSING)
+                if other is _MISSING:
+                    return False
+                pairs.append((item, other))
+        elif isinstance(x, list):
+            if not isinstance(y, list) or len(x) != len(y):
+                return False
+            pairs.extend(zip(x, y, strict=True))
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _pointer(pointer: Any, field_name: str) -> tuple[str, ...]:
+    """The reference tokens of an RFC 6901 JSON Pointer."""
+    if not isinstance(pointer, str):
+        raise _Fail(f"{field_name!r} is not a JSON Pointer string")
+    if pointer == "":
+        return ()
+    if pointer[0] != "/":
+        raise _Fail(f"JSON Pointer {pointer!r} does not start with '/'")
+    tokens = pointer.split("/")[1:]
+    if "~" in pointer:
+        if _BAD_ESCAPE.search(pointer):
+            raise _Fail(f"JSON Pointer {pointer!r} has a '~' not followed by 0 or 1")
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in tokens]
+    return tuple(tokens)
+
+
+def _render(tokens: tuple[str, ...]) -> str:
+    return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
+
+
+def _index(tokens: tuple[str, ...], length: int, *, end: bool) -> int:
+    """The array index the last token names: ``0 <= i < length``, or ``<= length``
+    (``-`` meaning *length*) with *end*."""
+    token = tokens[-1]
+    if token == "-" and end:
+        return length
+    if not _INDEX.fullmatch(token):
+        raise _Fail(f"{_render(tokens)}: {token!r} is not an array index")
+    index = int(token)
+    if index > length or (index == length and not end):
+        raise _Fail(f"{_render(tokens)}: index {index} is out of range (length {length})")
+    return index
+
+
+class _Patcher:
+    """Applies the operations of one JSON Patch to a document (see above)."""
+
+    __slots__ = ("doc", "limits", "meter", "undo")
+
+    def __init__(self, doc: Document, limits: StateLimits, undo: UndoLog) -> None:
+        self.doc = doc
+        self.limits = limits
+        self.undo = undo
+        self.meter = _Meter(2 * limits.max_bytes)
+
+    def apply(self, patch: Any) -> None:
+        if not isinstance(patch, list):
+            raise _Fail("a JSON Patch is a list of operations")
+        doc, undo = self.doc, self.undo
+        undo.attr(doc, "size")
+        undo.attr(doc, "root")
+        for n, op in enumerate(patch):
+            if not isinstance(op, dict):
+                raise _Fail(f"operation {n} is not an object")
+            name = op.get("op")
+            try:
+                path = _pointer(op.get("path"), "path")
+                if name == "add":
+                    self._put(path, self._value(op), move_from=None)
+                elif name == "remove":
+                    self._remove(path, measure=True)
+                elif name == "replace":
+                    self._replace(path, self._value(op))
+                elif name == "move":
+                    source = _pointer(op.get("from"), "from")
+                    if path[: len(source)] == source and len(path) > len(source):
+                        raise _Fail("a value cannot be moved into one of its own children")
+                    if path == source:
+                        self._get(source)
+                        continue
+                    self._put(path, self._remove(source, measure=False), move_from=source)
+                elif name == "copy":
+                    source = _pointer(op.get("from"), "from")
+                    self._put(path, self._get(source), move_from=None)
+                elif name == "test":
+                    if not _json_equal(self._get(path), self._value(op)):
+                        raise _Fail(f"test failed: the value at {op.get('path')!r} differs")
+                else:
+                    raise _Fail(f"unknown operation {name!r}")
+            except _Fail as exc:
+                raise _Fail(f"operation {n} ({name}): {exc}") from None
+
+    @staticmethod
+    def _value(op: dict[str, Any]) -> Any:
+        if "value" not in op:
+            raise _Fail("no 'value'")
+        return op["value"]
+
+    def _get(self, tokens: tuple[str, ...]) -> Any:
+        node = self.doc.root
+        for depth, token in enumerate(tokens, 1):
+            if isinstance(node, dict):
+                node = node.get(token, _MISSING)
+                if node is _MISSING:
+                    raise _Fail(f"{_render(tokens[:depth])} does not exist")
+            elif isinstance(node, list):
+                node = node[_index(tokens[:depth], len(node), end=False)]
+            else:
+                where = _render(tokens[: depth - 1]) or "the root"
+                raise _Fail(f"{where} is not an object or array")
+        return node
+
+    def _parent(self, tokens: tuple[str, ...]) -> Any:
+        """The container holding the target of *tokens*, owned (copied on the way as needed)."""
+        doc, owned, undo = self.doc, self.doc.owned, self.undo
+        node = doc.root
+        if not isinstance(node, dict | list):
+            raise _Fail("the document is not an object or array")
+        if id(node) not in owned:
+            node = dict(node) if isinstance(node, dict) else list(node)
+            owned.add(id(node))
+            doc.root = node  # the undo log holds the root already
+        for depth in range(1, len(tokens)):
+            key: Any
+            if isinstance(node, dict):
+                key = tokens[depth - 1]
+                child = node.get(key, _MISSING)
+                if child is _MISSING:
+                    raise _Fail(f"{_render(tokens[:depth])} does not exist")
+            else:
+                key = _index(tokens[:depth], len(node), end=False)
+                child = node[key]
+            if not isinstance(child, dict | list):
+                raise _Fail(f"{_render(tokens[:depth])} is not an object or array")
+            if id(child) not in owned:
+                child = dict(child) if isinstance(child, dict) else list(child)
+                owned.add(id(child))
+                undo.log.append((_U_SET, node, key, node[key]))
+                node[key] = child
+            node = child
+        return node
+
+    def _old_size(self, value: Any) -> int:
+        return _measure(value, math.inf, None, self.meter)[0]
+
+    def _put(self, tokens: tuple[str, ...], value: Any, move_from: tuple[str, ...] | None) -> None:
+        """add (and the second half of move and copy)."""
+        doc, limits = self.doc, self.limits
+        if move_from is None:
+            # Measured first: this also makes the value (a copy's source) shared.
+            size, _ = _measure(
+                value, limits.max_bytes, limits.max_depth - len(tokens), self.meter, doc.owned
+            )
+        else:
+            size = 0  # moved: the size of the document changes only by the keys
+            if len(tokens) > len(move_from):
+                _measure(value, math.inf, limits.max_depth - len(tokens), self.meter)
+        if not tokens:
+            doc.root = value
+            doc.size = size if move_from is None else self._old_size(value)
+        else:
+            parent = self._parent(tokens)
+            last = tokens[-1]
+            if isinstance(parent, dict):
+                old = parent.get(last, _MISSING)
+                if old is _MISSING:
+                    self.undo.log.append((_U_NEWKEY, parent, last, None))
+                    doc.size += len(last) + 4 + size
+                else:
+                    self.undo.log.append((_U_SET, parent, last, old))
+                    doc.size += size - self._old_size(old)
+                parent[last] = value
+            elif isinstance(parent, list):
+                index = _index(tokens, len(parent), end=True)
+                parent.insert(index, value)
+                self.undo.log.append((_U_INSERT, parent, index, None))
+                doc.size += 1 + size
+            else:
+                raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
+        if doc.size > limits.max_bytes:
+            raise _Over("max_bytes")
+
+    def _remove(self, tokens: tuple[str, ...], *, measure: bool) -> Any:
+        if not tokens:
+            raise _Fail("the whole document cannot be removed")
+        doc = self.doc
+        parent = self._parent(tokens)
+        last = tokens[-1]
+        if isinstance(parent, dict):
+            old = parent.get(last, _MISSING)
+            if old is _MISSING:
+                raise _Fail(f"{_render(tokens)} does not exist")
+            if next(reversed(parent)) != last and id(parent) not in self.undo.orders:
+                self.undo.orders[id(parent)] = (parent, list(parent))
+            del parent[last]
+            self.undo.log.append((_U_DELKEY, parent, last, old))
+            doc.size -= len(last) + 4
+        elif isinstance(parent, list):
+            index = _index(tokens, len(parent), end=False)
+            old = parent.pop(index)
+            self.undo.log.append((_U_POP, parent, index, old))
+            doc.size -= 1
+        else:
+            raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
+        if measure:
+            doc.size -= self._old_size(old)
+        return old
+
+    def _replace(self, tokens: tuple[str, ...], value: Any) -> None:
+        doc, limits = self.doc, self.limits
+        size, _ = _measure(
+            value, limits.max_bytes, limits.max_depth - len(tokens), self.meter, doc.owned
+        )
+        if not tokens:
+            doc.root, doc.size = value, size
+            return
+        parent = self._parent(tokens)
+        key: Any = tokens[-1]
+        if isinstance(parent, dict):
+            old = parent.get(key, _MISSING)
+            if old is _MISSING:
+                raise _Fail(f"{_render(tokens)} does not exist")
+        elif isinstance(parent, list):
+            key = _index(tokens, len(parent), end=False)
+            old = parent[key]
+        else:
+            raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
+        self.undo.log.append((_U_SET, parent, key, old))
+        parent[key] = value
+        doc.size += size - self._old_size(old)
+        if doc.size > limits.max_bytes:
+            raise _Over("max_bytes")
+
+
+def _limit_error(over: _Over, limits: StateLimits, what: str, where: str) -> LimitExceeded:
+    kind = over.args[0]
+    if kind == "max_depth":
+        return LimitExceeded(
+            f"{what} would nest {where} deeper than max_depth={limits.max_depth}",
+            limit="max_depth",
+            value=limits.max_depth,
+        )
+    if kind == "work":
+        return LimitExceeded(
+            f"{what} walks more than twice max_bytes={limits.max_bytes} of {where} "
+            "(operations that copy or remove large values over and over)",
+            limit="max_bytes",
+            value=limits.max_bytes,
+        )
+    return LimitExceeded(
+        f"{what} would make {where} larger than max_bytes={limits.max_bytes} "
+        "(encoded, approximately)",
+        limit="max_bytes",
+        value=limits.max_bytes,
+    )
+
+
+def apply_patch(
+    doc: Document, patch: Any, limits: StateLimits, undo: UndoLog, what: str, where: str
+) -> None:
+    """Apply *patch* to *doc* in place, logging every change into *undo*.
+
+    Raises :class:`~agui_hub.errors.PatchError` (the patch does not apply) or
+    :class:`~agui_hub.errors.LimitExceeded` (*doc* would exceed *limits*); the
+    document is then half-patched: call ``undo.rollback()``. *what* and
+    *where* name the event and the document in the error's message (e.g.
+    ``"STATE_DELTA"``, ``"the state"``).
+    """
+    try:
+        _Patcher(doc, limits, undo).apply(patch)
+    except _Fail as exc:
+        raise PatchError(f"JSON Patch does not apply: {exc}", patch=patch) from None
+    except _Over as over:
+        raise _limit_error(over, limits, what, where) from None
+
+
+def snapshot_document(value: Any, limits: StateLimits, what: str, where: str) -> Document:
+    """A document of *value*, which an event brings whole (a snapshot).
+
+    Raises :class:`~agui_hub.errors.LimitExceeded` when *value* is past
+    *limits* (*what* and *where* as for :func:`apply_patch`). The document
+    owns nothing yet: *value* is the event's own, shared.
+    """
+    try:
+        size, _ = _measure(value, limits.max_bytes, limits.max_depth)
+    except _Over as over:
+        raise _limit_error(over, limits, what, where) from None
+    return Document(value, size)
+
+
+def adopted_document(value: Any) -> Document:
+    """A document of a value that is already in the state, whatever its size
+    (the state was assigned from outside, a message snapshot brought it)."""
+    return Document(value, _measure(value, math.inf, None)[0])
