@@ -31,7 +31,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # Imported on first use, so that ``import agui_hub.agui.events`` loads no
 # client, server or store.

@@ -6,12 +6,9 @@ verdict per line, each with the change to make.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import sys
 from dataclasses import dataclass
 
-from ..errors import StoreUnavailable
 from .common import Output, Subcommands, UsageError
 from .shared_store import STORE_HELP, human_size, open_shared_store, store_url
 
@@ -152,51 +149,6 @@ def _memory_verdict(settings: dict[str, str], facts: dict[str, str]) -> _Verdict
     )  # fmt: skip
 
 
-async def _redis_facts(redis_url: str, timeout: float) -> tuple[dict[str, str], str | None,
-                                                                dict[str, str]]:  # fmt: skip
-    """Redis's settings (CONFIG GET), why they could not be read (or None), and INFO.
-
-    Raises :class:`StoreUnavailable` when Redis does not answer.
-    """
-    import redis.asyncio as aioredis
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import RedisError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    from ..store.urls import redact_url
-
-    client = aioredis.Redis.from_url(
-        redis_url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        decode_responses=True,
-    )
-    settings: dict[str, str] = {}
-    refused: str | None = None
-    facts: dict[str, str] = {}
-    try:
-        for name in CHECKED_SETTINGS:
-            try:
-                reply = await asyncio.wait_for(client.config_get(name), timeout)
-            except (RedisConnectionError, RedisTimeoutError):
-                raise
-            except RedisError as exc:  # a managed Redis may refuse CONFIG
-                refused = str(exc)
-                break
-            settings.update({str(k): str(v) for k, v in reply.items()})
-        with contextlib.suppress(RedisConnectionError, RedisTimeoutError, RedisError):
-            raw = await asyncio.wait_for(client.info(), timeout)
-            facts = {str(k): str(v) for k, v in raw.items()}
-    except (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError) as exc:
-        raise StoreUnavailable(f"Redis at {redact_url(redis_url)} is unavailable: {exc}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await client.aclose()
-    if refused is None and any(name not in settings for name in CHECKED_SETTINGS):
-        refused = "incomplete reply"
-    return settings, refused, facts
-
-
 async def check_command(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..store.urls import parse_store_url, redact_url
@@ -211,10 +163,14 @@ async def check_command(args: argparse.Namespace) -> int:
         return 2
     where = redact_url(url)
     assert parsed.redis_url is not None
+    from ..store.redis_settings import redis_settings  # redis is there: the store opened
+
     try:
         try:
             await store.ping()
-            settings, refused, facts = await _redis_facts(parsed.redis_url, store.op_timeout)
+            settings, refused, facts = await redis_settings(
+                parsed.redis_url, CHECKED_SETTINGS, store.op_timeout
+            )
             warnings: list[str] = await store.durability_warnings()
         except StoreError as exc:  # unreachable, or it refuses us (a wrong password)
             why = str(exc).rstrip(".")

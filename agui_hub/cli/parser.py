@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import __version__
+from ..version import __version__
 from .check import add_check_parser
 from .follow import add_replay_parser, add_tail_parser
 from .publish import add_demo_parser, add_publish_parser

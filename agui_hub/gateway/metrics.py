@@ -29,7 +29,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .. import __version__
 from ..errors import AguiHubError, StoreUnavailable
 from ..store.contract import (
     START,
@@ -44,6 +43,7 @@ from ..store.contract import (
     ThreadInfo,
     ThreadStore,
 )
+from ..version import __version__
 
 __all__ = ["Figures", "GatewayMetrics", "TimedStore"]
 
