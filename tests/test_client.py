@@ -55,7 +55,8 @@ from agui_hub.errors import (
     Unauthorized,
 )
 from agui_hub.gateway.auth import Anonymous, Credentials, Grants, Identity, TokenSource
-from agui_hub.gateway.server import Connection, ConnectionState, Gateway, GatewayConfig
+from agui_hub.gateway.connection import Connection, ConnectionState
+from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store.contract import Retention, ThreadStore
 from agui_hub.store.memory import MemoryStore

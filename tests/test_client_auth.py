@@ -43,7 +43,9 @@ from agui_hub.errors import (
     RateLimited,
 )
 from agui_hub.gateway.auth import Action, encode_token
-from agui_hub.gateway.server import Connection, Gateway, GatewayConfig
+from agui_hub.gateway.commands import CommandHandler
+from agui_hub.gateway.connection import Connection
+from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store.memory import MemoryStore
 from agui_hub.wire.protocol import SUBPROTOCOL_MSGPACK, CloseCode
@@ -410,14 +412,14 @@ async def test_rate_limited_subscribes_are_sent_again(
     # At half a command a second, each one after the first would wait over a
     # second: refused, and sent again by the client after retryAfter.
     refused = 0
-    rate_limited = Connection._rate_limited
+    rate_limited = CommandHandler._rate_limited
 
     def counting(self: Any, *args: Any) -> dict[str, Any]:
         nonlocal refused
         refused += 1
         return rate_limited(self, *args)
 
-    monkeypatch.setattr(Connection, "_rate_limited", counting)
+    monkeypatch.setattr(CommandHandler, "_rate_limited", counting)
     gateway = await env.gateway(max_commands_per_second=0.5)
     client = await env.connected(gateway, token=token())
     subs = [await client.subscribe(f"t/s{i}").open() for i in range(3)]

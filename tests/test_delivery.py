@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from agui_hub.gateway import server
-from agui_hub.gateway.server import Connection, ConnectionState, Gateway
+from agui_hub.gateway import connection
+from agui_hub.gateway.connection import Connection, ConnectionState
+from agui_hub.gateway.server import Gateway
 from agui_hub.wire.codec import Encoding
 from agui_hub.wire.protocol import CloseCode, encode_frame, pong_frame
 
@@ -63,7 +64,7 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> Paths:
     """Counts the frames each way writes."""
     counted = Paths()
     flush = Connection.flush
-    write_messages = server.write_messages
+    write_messages = connection.write_messages
 
     def counting_flush(self: Connection) -> None:
         before = self.gateway.counters.frames_out
@@ -75,7 +76,7 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> Paths:
         await write_messages(ws, frames)
 
     monkeypatch.setattr(Connection, "flush", counting_flush)
-    monkeypatch.setattr(server, "write_messages", counting_write_messages)
+    monkeypatch.setattr(connection, "write_messages", counting_write_messages)
     return counted
 
 

@@ -9,7 +9,7 @@ the memory store and on real redis-server processes.
 What "gone" means here, for a client that left (or stopped reading until the
 gateway gave up on it):
 
-- the gateway holds no :class:`~agui_hub.gateway.server.Connection` for it
+- the gateway holds no :class:`~agui_hub.gateway.connection.Connection` for it
   (``gateway.connections``) and the thread's channel no member for it;
 - once no viewer of a thread is left: no channel for the thread
   (``gateway.hub.channels``), no live feed in the store

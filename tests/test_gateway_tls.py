@@ -191,7 +191,7 @@ def test_settings_that_cannot_be_served_are_usage_errors(
 def test_failed_accepts_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     """asyncio logs a traceback per failed accept; the gateway's handler, one line
     per interval with a count (the old bug: 40,482 tracebacks in 23 s)."""
-    from agui_hub.gateway.server import _AcceptFailures
+    from agui_hub.gateway.admission import AcceptFailures as _AcceptFailures
 
     passed: list[dict[str, object]] = []
     handler = _AcceptFailures(lambda loop, context: passed.append(context))
@@ -215,9 +215,9 @@ async def test_connections_and_a_summary_are_logged_at_info(
 ) -> None:
     """An INFO line per connection opened and closed (close code, duration), and a
     summary line per interval: what an operator reads without turning on DEBUG."""
-    import agui_hub.gateway.server as server
+    import agui_hub.gateway.reporting as reporting
 
-    monkeypatch.setattr(server, "SUMMARY_INTERVAL", 0.3)
+    monkeypatch.setattr(reporting, "SUMMARY_INTERVAL", 0.3)
     caplog.set_level(logging.INFO, logger="agui_hub.server")
     gateway = Gateway(GatewayConfig(port=0, ping_interval=None), store=MemoryStore())
     await gateway.start()

@@ -28,10 +28,11 @@ from websockets.asyncio.client import connect
 
 from agui_hub import __version__
 from agui_hub.errors import StoreUnavailable
-from agui_hub.gateway import server as server_module
+from agui_hub.gateway import http_routes
 from agui_hub.gateway.auth import encode_token
+from agui_hub.gateway.connection import ConnectionState
 from agui_hub.gateway.metrics import LOOP_PROBE_INTERVAL
-from agui_hub.gateway.server import ConnectionState, Gateway
+from agui_hub.gateway.server import Gateway
 from agui_hub.store.contract import EventInput, Expected, Offset, Retention
 from agui_hub.store.memory import MemoryStore
 from agui_hub.store.redis import RedisStore
@@ -506,7 +507,7 @@ async def test_a_scrape_sees_the_store_go_down_without_a_readiness_probe(
     own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Compose and systemd deployments have no /readyz probe: the scrape checks.
-    monkeypatch.setattr(server_module, "METRICS_STORE_CHECK", 0.0)
+    monkeypatch.setattr(http_routes, "METRICS_STORE_CHECK", 0.0)
     h = Harness(lambda retention=None: RedisStore(own_redis.url, prefix="up", op_timeout=1))
     try:
         gateway = await h.gateway()

@@ -1467,7 +1467,7 @@ async def test_refusals_quote_nothing_in_www_authenticate(in_process: Any) -> No
 
 
 def test_ipv6_clients_are_counted_by_their_64() -> None:
-    from agui_hub.gateway.server import _address
+    from agui_hub.gateway.admission import client_address as _address
 
     class Remote:
         def __init__(self, address: Any) -> None:

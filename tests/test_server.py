@@ -26,8 +26,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agui_hub.agui.reducer import fold
 from agui_hub.errors import StoreError
-from agui_hub.gateway import server
-from agui_hub.gateway.server import ConnectionState, Gateway, GatewayConfig
+from agui_hub.gateway import connection
+from agui_hub.gateway.connection import ConnectionState
+from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import Retention, ThreadStore
 from agui_hub.store.memory import MemoryStore
 from agui_hub.store.redis import RedisStore
@@ -320,7 +321,7 @@ async def test_viewers_receive_identical_sequences(
 ) -> None:
     # Both ways a connection writes its frames: in batches, and the fallback
     # for a websockets without the calls the batches need.
-    monkeypatch.setattr(server, "_BATCHED_WRITES", batched)
+    monkeypatch.setattr(connection, "_BATCHED_WRITES", batched)
     gateway = await harness.gateway()
     thread = "fan-out"
     viewers = [

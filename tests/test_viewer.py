@@ -33,8 +33,9 @@ from websockets.typing import Subprotocol
 
 from agui_hub.agui.reducer import fold
 from agui_hub.cli.demo import demo_run
-from agui_hub.gateway import server as server_module
-from agui_hub.gateway.server import PAGE_POLICY, STATIC_PATHS, Gateway, GatewayConfig
+from agui_hub.gateway import static_files
+from agui_hub.gateway.server import Gateway, GatewayConfig
+from agui_hub.gateway.static_files import PAGE_POLICY, STATIC_PATHS
 from agui_hub.store.memory import MemoryStore
 
 from .conftest import TIMEOUT_SCALE
@@ -314,7 +315,7 @@ async def test_a_file_missing_from_the_package_is_a_404_that_says_so(
     (tmp_path / "static").mkdir()
     for name in ("index.html", "viewer.css", "agui-hub.js"):
         (tmp_path / "static" / name).write_bytes((STATIC_DIR / name).read_bytes())
-    monkeypatch.setattr(server_module, "static_folder", lambda: tmp_path / "static")
+    monkeypatch.setattr(static_files, "static_folder", lambda: tmp_path / "static")
     async with gateway() as gw:
         port = gw.config.port
         for path, name in (("/viewer.js", "viewer.js"), ("/agui-hub.d.ts", "agui-hub.d.ts")):

@@ -1,8 +1,8 @@
 """The gateway's Prometheus metrics, served at ``GET /metrics`` (docs/metrics.md).
 
 Most figures are read when Prometheus scrapes, from what the gateway counts
-anyway (:class:`~agui_hub.gateway.server.Counters`, its connections, the hub's
-channels): :meth:`~agui_hub.gateway.server.Gateway.figures` gathers them into one
+anyway (:class:`~agui_hub.gateway.reporting.Counters`, its connections, the hub's
+channels): :func:`~agui_hub.gateway.reporting.collect_figures` gathers them into one
 :class:`Figures`, and :class:`GatewayMetrics` turns that into metric
 families. The fan-out path does no work for metrics: a Prometheus counter
 incremented per frame would take a lock per frame and viewer. Two histograms

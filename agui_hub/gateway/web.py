@@ -44,12 +44,12 @@ from collections.abc import (
     Mapping,
     MutableMapping,
 )
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, unquote
 
 from websockets.datastructures import Headers, MultipleValuesError
 
-from ..bridge.runs import TERMINAL, BridgedRun
+from ..bridge.runs import TERMINAL, Bridge, BridgedRun
 from ..errors import (
     AguiHubError,
     Forbidden,
@@ -66,15 +66,16 @@ from ..wire.codec import Encoding
 from ..wire.offsets import check_thread, offset_key
 from ..wire.protocol import CloseCode, Position, Start, StartKind
 from ..wire.sse import encode_comment, encode_event
-from .auth import Action, Identity, credentials_of
-from .config import limit_key
+from .admission import Admission
+from .auth import Action, Authenticator, Identity, credentials_of
+from .channels import Hub
+from .config import GatewayConfig, limit_key
+from .run_access import RunAccess
 
 if TYPE_CHECKING:
     import uvicorn
 
-    from .server import Gateway
-
-__all__ = ["HttpApp", "HttpListener", "SseStream"]
+__all__ = ["HttpApp", "HttpHost", "HttpListener", "SseStream"]
 
 log = logging.getLogger("agui_hub.web")
 
@@ -107,6 +108,32 @@ THREADS_PREFIX = "/threads/"
 _ALLOWED_HEADERS = b"authorization, content-type, accept, last-event-id"
 
 _EVENT_HEAD = '{"type":"event","thread":'
+
+
+class HttpHost(Protocol):
+    """What the HTTP listener needs of the gateway it serves beside (a
+    :class:`~agui_hub.gateway.server.Gateway`): the same config, hub, bridge, grants,
+    credentials and origin policy (``admission``) as the WebSocket side, its write
+    timeout, and its share of the open files (``http_connections``, ``backlog``)."""
+
+    @property
+    def config(self) -> GatewayConfig: ...
+    @property
+    def hub(self) -> Hub: ...
+    @property
+    def bridge(self) -> Bridge: ...
+    @property
+    def runs(self) -> RunAccess: ...
+    @property
+    def authenticator(self) -> Authenticator: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def write_timeout(self) -> float: ...
+    @property
+    def http_connections(self) -> int: ...
+    @property
+    def backlog(self) -> int: ...
 
 
 def _before(offset: str) -> str:
@@ -191,6 +218,11 @@ class SseStream:
             self.finished = True
             _resolve(self._wake)
             _resolve(self._drain)
+
+    def close_for_restart(self) -> None:
+        """End the stream for a drain (1012): the client reconnects, to any gateway,
+        and resumes where it was."""
+        self.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
 
     # Frames to SSE --------------------------------------------------------------------------
 
@@ -360,7 +392,7 @@ def _http_error(exc: AguiHubError) -> _HttpError:
 class HttpApp:
     """The ASGI app of the HTTP listener (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: HttpHost) -> None:
         self.gateway = gateway
         self.streams: set[SseStream] = set()
         self.body_bytes = 0
@@ -433,7 +465,7 @@ class HttpApp:
         not call is refused (403)."""
         if not headers.get_all("Origin"):
             return None
-        if not self.gateway.origin_allowed(headers):
+        if not self.gateway.admission.origin_allowed(headers):
             raise _HttpError(
                 http.HTTPStatus.FORBIDDEN,
                 "forbidden",
@@ -577,7 +609,7 @@ class HttpApp:
                     "the body is a RunAgentInput: a JSON object with a threadId",
                 )
             check_thread(thread)
-            gateway.check_run_grant(identity, name, thread)
+            gateway.runs.check_grant(identity, name, thread)
             if not identity.allows(Action.SUBSCRIBE, thread):
                 # The answer is the thread's events of the run: reading them is reading.
                 raise Forbidden(f"this token may not read thread {thread!r}")
@@ -704,7 +736,7 @@ class HttpApp:
             if self.closing.is_set() and not self.holds(stream):
                 # (A run's stream ends with the run, which the drain ends first; a
                 # viewer of a stopped run's thread is held until that end reached it.)
-                stream.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
+                stream.close_for_restart()
             wait = KEEPALIVE_SECONDS
             if identity is not None and identity.expires is not None:
                 left = identity.expires - time.time()
@@ -751,7 +783,7 @@ class HttpApp:
         query = scope.get("query_string", b"").decode("latin-1")
         identity = await self._identity(headers, query)
         run_id = _first(parse_qs(query), "runId")
-        run = gateway.cancel_run(identity, thread, run_id)
+        run = gateway.runs.cancel(identity, thread, run_id)
         await run.done.wait()
         body = json.dumps({"cancelled": run.as_json()}).encode() + b"\n"
         await _plain(send, http.HTTPStatus.OK, body, origin, "application/json")
@@ -878,7 +910,7 @@ async def _error(send: Send, exc: _HttpError, origin: str | None) -> None:
 class HttpListener:
     """uvicorn serving :class:`HttpApp` on ``http_port``, in this event loop."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: HttpHost) -> None:
         self.gateway = gateway
         self.app = HttpApp(gateway)
         self.server: uvicorn.Server | None = None
@@ -947,15 +979,13 @@ class HttpListener:
         while True:
             for stream in list(app.streams):
                 if not app.holds(stream):
-                    stream.close_soon(
-                        CloseCode.SERVICE_RESTART, "server restart: reconnect and resume"
-                    )
+                    stream.close_for_restart()
             if not any(app.holds(s) for s in app.streams) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.05)
         app.run_ends = {}
         for stream in list(app.streams):
-            stream.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
+            stream.close_for_restart()
         if self.server is not None and self._task is not None:
             self.server.should_exit = True
             with contextlib.suppress(Exception):
