@@ -115,7 +115,8 @@ def test_a_redis_url_without_redis_says_what_to_install() -> None:
 
 @pytest.mark.timeout(180)
 def test_the_wheel_carries_the_browser_client_and_the_viewer(tmp_path: Path) -> None:
-    """`pip install` alone serves the viewer: the built JS, page and styles are package data."""
+    """`pip install` alone serves the viewer: the built JS, page and styles are package
+    data (and so are the Redis store's Lua scripts)."""
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
          "-w", str(tmp_path), str(ROOT)],
@@ -130,4 +131,9 @@ def test_the_wheel_carries_the_browser_client_and_the_viewer(tmp_path: Path) -> 
     static = sorted(p.name for p in (ROOT / "agui_hub" / "static").iterdir() if p.is_file())
     assert {"index.html", "viewer.js", "viewer.css", "agui-hub.js", "agui-hub.d.ts"} <= set(static)
     missing = [name for name in static if f"agui_hub/static/{name}" not in names]
+    assert not missing, f"not in the wheel: {missing}"
+    # The Redis store reads its Lua scripts from the package at import.
+    lua = sorted(p.name for p in (ROOT / "agui_hub" / "store" / "lua").glob("*.lua"))
+    assert {"append.lua", "check_position.lua", "checkpoint.lua", "read.lua"} <= set(lua)
+    missing = [name for name in lua if f"agui_hub/store/lua/{name}" not in names]
     assert not missing, f"not in the wheel: {missing}"

@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import agui_hub.store.redis as redis_store
+import agui_hub.store.redis_resp as redis_resp
 from agui_hub.errors import OffsetExpired, StoreUnavailable, ThreadReset, TooManyThreads
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store.contract import START, EventInput, FeedState, Retention, encode_event_data
@@ -325,7 +326,7 @@ async def test_read_available_ends_with_one_atomic_read(
 
 def test_entry_never_raises() -> None:
     def entry(*fields: Any) -> Any:
-        return redis_store._entry([b"5-1", list(fields)])
+        return redis_resp.parse_entry([b"5-1", list(fields)])
 
     e = entry(b"event", b"\x80", b"id", b"\xff\xfe", b"run", b"r", b"type", b"X")
     assert (e.offset, e.data, e.event_id, e.run_id, e.type) == (

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-import agui_hub.store.redis as redis_store
+import agui_hub.store.redis_appends as redis_appends
 from agui_hub.errors import StoreError, StoreUnavailable, ThreadReset
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store import open_store
@@ -383,7 +383,7 @@ async def test_an_evicted_ids_hash_lets_no_retry_duplicate(
         assert await admin.hlen(ids_key("agui", "t")) == 4
 
         # A stream too long to rebuild from: a new epoch, announced to viewers.
-        monkeypatch.setattr(redis_store, "IDS_REBUILD_LIMIT", 2)
+        monkeypatch.setattr(redis_appends, "IDS_REBUILD_LIMIT", 2)
         async with store.subscribe("t", after=START) as feed:
             assert len(await within(collect(feed, 4))) == 4
             await admin.delete(ids_key("agui", "t"))

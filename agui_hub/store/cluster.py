@@ -7,8 +7,10 @@ says so::
 
 The hosts are seeds: any reachable one tells the store the whole cluster
 (CLUSTER SLOTS), and the store follows the cluster's changes. What differs
-from a single Redis is here; the key layout, scripts and contracts are the
-same (docs/store.md), and docs/cluster.md says what a failover costs.
+from a single Redis is here (the client, :class:`ClusterOps`) and in
+:mod:`agui_hub.store.cluster_live` (the live reader); the key layout, scripts
+and contracts are the same (docs/store.md), and docs/cluster.md says what a
+failover costs.
 
 - Every key of a thread carries the ``{thread}`` hash tag, so a thread lives
   in one slot, on one master: the append script, the read script and the
@@ -18,15 +20,8 @@ same (docs/store.md), and docs/cluster.md says what a failover costs.
   ``notify`` channel (same slot), which reaches only the subscribers
   connected to that master (PUBLISH would be broadcast to every node).
 - The live reader keeps one pub/sub connection per master (SSUBSCRIBE), not
-  per thread: :class:`ClusterLiveReader` routes each live thread to the
-  reader of its slot's master (a :class:`_ShardReader`, the single-node
-  reader on one master's connection) and moves threads between them when
-  slots move: a lost connection, a MOVED reply, a ``sunsubscribe`` Redis
-  sends when its node loses a slot, or the periodic check of the slot map.
-  A moved thread keeps its cursor and is subscribed on its new master; the
-  confirmation makes the reader check the entry at the cursor (a failover to
-  a replica that had not received the newest entries is a rewind: the thread
-  gets a new epoch and its subscribers resync) and read after the cursor.
+  per thread, and moves a thread to its new master's connection when its
+  slot moves (:mod:`agui_hub.store.cluster_live`).
 - ``max_tenant_threads`` is refused: the tenant's set of threads and its
   threads are in different slots, which one script cannot check atomically.
 
@@ -36,17 +31,12 @@ Needs Redis 7.0 or later (sharded pub/sub).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import inspect
-import logging
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
@@ -54,42 +44,17 @@ from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError, SlotNotCoveredError
 
-from ..errors import StoreError, StoreUnavailable
 from ..wire.offsets import Offset
-from .contract import FeedSubscription, offset_key
-from .redis import (
-    _MAX_OFFSET,
-    CLUSTER_SCHEMES,
-    _Feed,
-    _LiveReader,
-    meta_key,
-    notify_channel,
-    stream_key,
-)
+from . import redis_scripts
+from .contract import offset_key
+from .redis_keys import meta_key, notify_channel, stream_key
+from .redis_resp import MAX_OFFSET
+from .redis_scripts import Script
+from .urls import CLUSTER_SCHEMES, redact_url
 
-if TYPE_CHECKING:
-    from .redis import RedisStore
-
-__all__ = ["READ_SCRIPT", "ClusterLiveReader", "ClusterOps", "cluster_options"]
-
-log = logging.getLogger("agui_hub.redis_cluster")
+__all__ = ["ClusterOps", "cluster_options", "sharded"]
 
 DEFAULT_PORT = 6379
-
-CHECK_INTERVAL = 1.0
-"""Seconds between two checks that every live thread is served by the reader of
-its slot's master (in the client's slot map, which MOVED replies update)."""
-
-REFRESH_INTERVAL = 5.0
-"""Seconds between two topology refreshes (CLUSTER SLOTS) while threads are live:
-a slot can move without any error reaching this process."""
-
-REFRESH_SPACING = 0.25
-"""Refreshes asked for at once (several masters' readers reconnecting) share one."""
-
-FOLLOW_FOR = 10.0
-"""Seconds a thread whose subscription Redis dropped (its slot moved) waits for
-the slot map to name its new master before it is subscribed again in place."""
 
 
 # -- the URL --------------------------------------------------------------------------------
@@ -159,29 +124,12 @@ def _host_port(item: str) -> tuple[str, int]:
 # -- scripts ----------------------------------------------------------------------------------
 
 
-def sharded(script: str) -> str:
+def sharded(script: Script) -> Script:
     """*script* with its notifications on sharded pub/sub (SPUBLISH: only the
     subscribers of the thread's master receive them)."""
     replaced = script.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
-    assert "'PUBLISH'" not in replaced
+    assert "'PUBLISH'" not in replaced.source
     return replaced
-
-
-# KEYS: stream, meta; ARGV: after ("" for nothing: only meta), count (0: all).
-# Returns {epoch or nil, trimmed or nil, entries after `after`}: what the
-# single-node store reads in one MULTI (HMGET + XRANGE), atomically, in the slot.
-READ_SCRIPT = """
-local state = redis.call('HMGET', KEYS[2], 'epoch', 'trimmed')
-local entries = {}
-if ARGV[1] ~= '' then
-  if tonumber(ARGV[2]) > 0 then
-    entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
-  else
-    entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')
-  end
-end
-return {state[1], state[2], entries}
-"""
 
 
 # -- the client and what differs ------------------------------------------------------------
@@ -193,18 +141,25 @@ class ClusterOps:
     Owns the redis-py cluster client (:attr:`client`). Each method returns
     what the store's single-node code gets from its own calls, so the store
     keeps one code path around them (bounded by ``op_timeout``, errors
-    mapped to :class:`~agui_hub.errors.StoreUnavailable` / ``StoreError``).
+    mapped to :class:`~agui_hub.errors.StoreUnavailable` / ``StoreError``:
+    see :class:`~agui_hub.store.redis_calls.RedisCalls`, which takes this).
+    *prefix* is the store's key prefix.
     """
 
     def __init__(
-        self, store: RedisStore, url: str, max_connections: int, socket_timeout: float
+        self, url: str, *, prefix: str, max_connections: int, socket_timeout: float
     ) -> None:
         seeds, options = cluster_options(url)
-        self._store = store
+        self.url = redact_url(url)
+        """The cluster's URL without its password (safe to show)."""
+        self.prefix = prefix
         # The store bounds the commands in flight to max_connections (the
         # cluster client fails instead of waiting for a free connection); the
         # slack covers commands abandoned on their deadline still winding down.
         self.max_connections = int(options.pop("max_connections", max_connections))
+        self.limit = asyncio.Semaphore(self.max_connections)
+        """Bounds the store's commands in flight (taken by
+        :class:`~agui_hub.store.redis_calls.RedisCalls` and :meth:`run_scripts`)."""
         settings: dict[str, Any] = {
             "max_connections": 2 * self.max_connections,
             "socket_timeout": socket_timeout,
@@ -228,14 +183,10 @@ class ClusterOps:
                 f"this redis-py ({redis.__version__}) has no transactions on Redis Cluster "
                 f"({exc}): the cluster store needs a newer one, pip install -U 'redis[hiredis]'"
             ) from None
-        self._read_sha = _sha(READ_SCRIPT)
 
-    def scripts(self, append: str, check: str) -> tuple[str, str]:
+    def scripts(self, append: Script, check: Script) -> tuple[Script, Script]:
         """The append and rewind-check scripts as they run on a cluster."""
         return sharded(append), sharded(check)
-
-    def live_reader(self) -> ClusterLiveReader:
-        return ClusterLiveReader(self._store, self)
 
     async def load_script(self, script: str) -> None:
         """SCRIPT LOAD on every master (a replica promoted by a failover may not
@@ -245,28 +196,27 @@ class ClusterOps:
         )
 
     async def run_scripts(
-        self, script: str, sha: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
     ) -> list[Any]:
-        """EVALSHA *sha* for each (keys, args) in *calls*, on the master of its keys'
-        slot; each reply in order, an error as its exception.
+        """EVALSHA *script* for each (keys, args) in *calls*, on the master of its
+        keys' slot; each reply in order, an error as its exception.
 
         One pipeline: redis-py sends each master its calls at once, follows
         MOVED / ASK per call and retries connection errors after refreshing
         the slot map (safe: the scripts are idempotent, see the store). Calls
         a master answers NOSCRIPT to are sent again after loading *script*.
         """
-        limit = self._store._limit
-        assert limit is not None
-        async with limit:
-            return await self._run_scripts(script, sha, calls)
+        async with self.limit:
+            return await self._run_scripts(script, calls)
 
     async def _run_scripts(
-        self, script: str, sha: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
     ) -> list[Any]:
+        sha = script.sha
         replies = await self._evalsha(sha, calls)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            await self.load_script(script)
+            await self.load_script(script.source)
             again = await self._evalsha(sha, [calls[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
@@ -285,14 +235,14 @@ class ClusterOps:
     ) -> list[Any]:
         """For each (thread, after): ``[epoch, trimmed, raw entries]`` (or the
         exception), read atomically on the thread's master. (Called through the
-        store's ``_call``, which bounds it.)"""
-        prefix = self._store.prefix
+        store's ``call``, which bounds it.)"""
+        prefix = self.prefix
         calls = []
         for thread, after in cursors:
             keys = [stream_key(prefix, thread), meta_key(prefix, thread)]
-            tail = offset_key(after) == _MAX_OFFSET  # nothing can follow it
+            tail = offset_key(after) == MAX_OFFSET  # nothing can follow it
             calls.append((keys, ["" if tail else after, limit or 0]))
-        return await self._run_scripts(READ_SCRIPT, self._read_sha, calls)
+        return await self._run_scripts(redis_scripts.READ, calls)
 
     async def scan(self, pattern: str, limit: int) -> list[bytes]:
         """Keys matching *pattern* (streams) on every master, up to about *limit*."""
@@ -320,13 +270,13 @@ class ClusterOps:
                 reply: Any = await self.client.config_get(*names, target_nodes=node)
             except Exception as exc:
                 reply = exc
-            out[f"{self._store.url} (master {node.name})"] = [reply]
+            out[f"{self.url} (master {node.name})"] = [reply]
         return out
 
     def owner(self, thread: str) -> ClusterNode:
         """The master of *thread*'s slot in the client's slot map (SlotNotCoveredError
         before the client knows the cluster)."""
-        slot = key_slot(notify_channel(self._store.prefix, thread).encode())
+        slot = key_slot(notify_channel(self.prefix, thread).encode())
         return self.client.nodes_manager.get_node_from_slot(slot)
 
     def lane(self, thread: str) -> str:
@@ -343,350 +293,3 @@ class ClusterOps:
         for name in ("max_connections", "response_callbacks", "redis_connect_func"):
             options.pop(name, None)
         return options
-
-
-def _sha(script: str) -> str:
-    return hashlib.sha1(script.encode()).hexdigest()
-
-
-# -- the live reader --------------------------------------------------------------------------
-
-
-class _ShardReader(_LiveReader):
-    """The live threads of one master, on one sharded pub/sub connection to it.
-
-    The single-node reader (cursors, carried entries, catch-up reads, rewind
-    checks, outage handling) with SSUBSCRIBE. When its connection is lost it
-    asks :class:`ClusterLiveReader` to refresh the slot map first, so that
-    the threads a failover moved go to their new master's reader.
-    """
-
-    _MESSAGE = "smessage"
-    _MESSAGE_BYTES = b"smessage"
-    _SUBSCRIBED = "ssubscribe"
-
-    def __init__(self, store: RedisStore, router: ClusterLiveReader, node: ClusterNode) -> None:
-        super().__init__(store)
-        self.node = node.name
-        self._router = router
-        options = router.ops.node_options()
-        connection_class = options.pop("connection_class", aioredis.Connection)
-        pool = aioredis.ConnectionPool(
-            connection_class=connection_class,
-            max_connections=2,  # the pub/sub connection, and its replacement
-            host=node.host,
-            port=node.port,
-            **options,
-        )
-        self._redis = aioredis.Redis(connection_pool=pool)
-        self._broken: BaseException | None = None
-        """A subscription that could not be sent: the next pass reconnects."""
-
-    def __repr__(self) -> str:
-        return f"<live reader of {self.node}: {len(self._feeds)} threads>"
-
-    def _new_pubsub(self) -> Any:
-        return self._redis.pubsub()
-
-    async def _subscribe_channels(self, channels: Sequence[str]) -> None:
-        # One SSUBSCRIBE names channels of one slot only.
-        by_slot: dict[int, list[str]] = {}
-        for channel in channels:
-            by_slot.setdefault(key_slot(channel.encode()), []).append(channel)
-        for group in by_slot.values():
-            await self._pubsub.ssubscribe(*group)
-
-    async def _unsubscribe_channel(self, channel: str) -> None:
-        await self._pubsub.sunsubscribe(channel)
-
-    async def _resubscribe(self) -> None:
-        # The master may be gone (failover) or serve other slots now: the
-        # threads it no longer serves move to their masters' readers first.
-        await self._router.refresh()
-        self._broken = None
-        await super()._resubscribe()
-
-    async def _pump(self) -> None:
-        if self._broken is not None:
-            broken, self._broken = self._broken, None
-            raise broken
-        await super()._pump()
-
-    def _handle(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        kind = kind.decode() if isinstance(kind, bytes) else kind
-        if kind == "sunsubscribe":
-            channel = message.get("channel")
-            if isinstance(channel, bytes) and channel in self._channels:
-                # Not asked for (an UNSUBSCRIBE is sent only for a channel
-                # already forgotten): Redis drops the subscriptions of a slot its
-                # node lost. The thread moves to the slot's new master.
-                self._forget_channel(channel)
-                self._router.moved(self, self._channels[channel])
-        super()._handle(message)
-
-    def _forget_channel(self, channel: bytes) -> None:
-        """Keep redis-py's pub/sub from subscribing *channel* here again when it
-        reconnects on its own."""
-        pubsub = self._pubsub
-        if pubsub is not None:
-            for name in (channel, channel.decode(errors="replace")):
-                pubsub.shard_channels.pop(name, None)
-
-    def adopt(self, thread: str, feed: _Feed) -> None:
-        """Serve *thread* (with its *feed*: cursor, epoch, subscribers) from now on."""
-        channel = notify_channel(self._store.prefix, thread)
-        self._feeds[thread] = feed
-        self._channels[channel.encode()] = thread
-        self._ensure_running()
-        self._chore(self._subscribe_adopted(channel))
-
-    def release(self, thread: str) -> _Feed:
-        """Stop serving *thread*; its feed (for :meth:`adopt` on another reader)."""
-        feed = self._feeds.pop(thread)
-        channel = notify_channel(self._store.prefix, thread).encode()
-        self._channels.pop(channel, None)
-        self._dirty.discard(thread)
-        self._recheck.discard(thread)
-        self._forget_channel(channel)
-        return feed
-
-    async def _subscribe_adopted(self, channel: str) -> None:
-        try:
-            async with asyncio.timeout(self._store.op_timeout), self._pubsub_lock:
-                if self._closed or channel.encode() not in self._channels:
-                    return
-                await self._subscribe_channels([channel])
-        except Exception as exc:
-            # The next pass reconnects, and subscribes every thread of this reader.
-            log.warning("redis cluster: subscribing on %s failed: %r", self.node, exc)
-            self._broken = self._broken or StoreUnavailable(
-                f"subscribing on {self.node} failed: {exc!r}"
-            )
-
-    def movable(self) -> list[str]:
-        """The threads whose subscription was confirmed (or is due on a reconnect).
-
-        A feed whose first subscribe is still pending stays: its registration
-        settles it here (a failure then reaches only its own waiters), and the
-        next check moves it once it is ready."""
-        prefix = self._store.prefix
-        return [
-            thread
-            for thread, feed in self._feeds.items()
-            if feed.ready.is_set() and notify_channel(prefix, thread).encode() in self._channels
-        ]
-
-    async def close(self) -> None:
-        await super().close()
-        with contextlib.suppress(Exception):
-            await self._redis.aclose()
-        with contextlib.suppress(Exception):
-            await self._redis.connection_pool.disconnect()
-
-
-class ClusterLiveReader:
-    """The live reader of a store on Redis Cluster: one :class:`_ShardReader` per
-    master, each thread served by its slot's master's reader.
-
-    Threads move between readers when their slot's master changes; a moved
-    thread keeps its cursor and epoch, so its subscribers see nothing but, at
-    worst, a resync when the failover lost entries they had read.
-    """
-
-    def __init__(self, store: RedisStore, ops: ClusterOps) -> None:
-        self._store = store
-        self.ops = ops
-        self._shards: dict[str, _ShardReader] = {}
-        self._refresh_lock = asyncio.Lock()
-        self._refreshed = -math.inf
-        self._watch: asyncio.Task[None] | None = None
-        self._chores: set[asyncio.Future[None]] = set()
-        self._lost: dict[_ShardReader, set[str]] = {}
-        """Per reader, the threads whose subscription Redis dropped (see :meth:`moved`)."""
-        self._following: set[_ShardReader] = set()
-        self._retired: list[_ShardReader] = []
-        """Readers of nodes that serve nothing any more, closed (or closing)."""
-        self._closed = False
-
-    @property
-    def threads(self) -> int:
-        return sum(len(shard._feeds) for shard in self._shards.values())
-
-    @property
-    def masters(self) -> list[str]:
-        """The masters this reader holds a live connection for (host:port)."""
-        return sorted(name for name, shard in self._shards.items() if shard._feeds)
-
-    async def register(self, sub: FeedSubscription) -> None:
-        """Serve *sub*'s thread live; bounded by the store's ``op_timeout``."""
-        try:
-            async with asyncio.timeout(self._store.op_timeout):
-                self._ensure_watching()
-                while True:
-                    # Where the thread is served now (it may move while a
-                    # registration that this one waited on was cancelled).
-                    owner = None if self._holder(sub.thread) else await self._owner(sub.thread)
-                    shard = self._holder(sub.thread)
-                    if shard is None:
-                        assert owner is not None
-                        shard = self._shard(owner)
-                    if await shard._register_once(sub):
-                        return
-                    await asyncio.sleep(0)  # never a busy loop: the deadline must fire
-        except TimeoutError:
-            raise self._store._timed_out(f"the subscription to thread {sub.thread!r}") from None
-
-    def unregister(self, sub: FeedSubscription) -> None:
-        shard = self._holder(sub.thread)
-        if shard is not None:
-            shard.unregister(sub)
-
-    def _holder(self, thread: str) -> _ShardReader | None:
-        for shard in self._shards.values():
-            if thread in shard._feeds:
-                return shard
-        return None
-
-    async def _owner(self, thread: str) -> ClusterNode:
-        try:
-            return self.ops.owner(thread)
-        except SlotNotCoveredError:
-            # The client has not met the cluster yet (or lost its slot map).
-            await self._store._call(self.ops.client.initialize())
-            try:
-                return self.ops.owner(thread)
-            except SlotNotCoveredError as exc:
-                raise StoreUnavailable(f"Redis Cluster at {self._store.url}: {exc}") from exc
-
-    def _shard(self, node: ClusterNode) -> _ShardReader:
-        shard = self._shards.get(node.name)
-        if shard is None:
-            shard = self._shards[node.name] = _ShardReader(self._store, self, node)
-        return shard
-
-    # -- following the slots ------------------------------------------------------------
-
-    async def refresh(self) -> None:
-        """Read the slot map again (CLUSTER SLOTS, from any reachable node), then
-        move each live thread to its master's reader. Never raises a Redis error:
-        an unreachable cluster keeps the slot map it had."""
-        async with self._refresh_lock:
-            loop = asyncio.get_running_loop()
-            if loop.time() - self._refreshed >= REFRESH_SPACING:
-                try:
-                    await self._store._call(self.ops.client.nodes_manager.initialize())
-                except StoreError as exc:
-                    log.warning("redis cluster: reading the slot map failed: %s", exc)
-                self._refreshed = loop.time()
-            self.reroute()
-
-    def moved(self, shard: _ShardReader, thread: str) -> None:
-        """Redis dropped *thread*'s subscription on *shard*'s node: its slot moved.
-
-        The nodes learn of a new owner a little after the old one lets go, so
-        the slot map is read again until it names another master for the
-        thread (then the thread moves), for up to :data:`FOLLOW_FOR` seconds;
-        after that the thread is subscribed again where the map says it is.
-        """
-        if self._closed:
-            return
-        self._lost.setdefault(shard, set()).add(thread)
-        if shard not in self._following:
-            self._following.add(shard)
-            self._chore(self._follow(shard))
-
-    async def _follow(self, shard: _ShardReader) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + FOLLOW_FOR
-        pause = REFRESH_SPACING
-        try:
-            while True:
-                await asyncio.sleep(pause)
-                await self.refresh()
-                lost = self._lost.get(shard, set())
-                lost &= set(shard._feeds)  # the moved ones (and those dropped) are done
-                if not lost:
-                    return
-                if loop.time() >= deadline:
-                    break
-                pause = min(pause * 2, 1.0)
-            # The slot map still says this node: subscribe again (a MOVED reply
-            # makes the reader reconnect, which reads the map once more).
-            for thread in lost:
-                shard.adopt(thread, shard.release(thread))
-        finally:
-            self._following.discard(shard)
-            self._lost.pop(shard, None)
-
-    def reroute(self) -> None:
-        """Move every live thread whose slot another master serves now to that
-        master's reader; close the readers of nodes that serve nothing."""
-        for shard in list(self._shards.values()):
-            for thread in shard.movable():
-                try:
-                    owner = self.ops.owner(thread)
-                except SlotNotCoveredError:
-                    continue  # no slot map for now: stay
-                if owner.name != shard.node:
-                    target = self._shard(owner)
-                    log.info(
-                        "redis cluster: thread %r moves from %s to %s",
-                        thread,
-                        shard.node,
-                        owner.name,
-                    )
-                    target.adopt(thread, shard.release(thread))
-        masters = {node.name for node in self.ops.client.get_primaries()}
-        for name, shard in list(self._shards.items()):
-            if not shard._feeds and name not in masters:
-                del self._shards[name]
-                self._retired.append(shard)
-                self._chore(shard.close())
-
-    def _ensure_watching(self) -> None:
-        if self._watch is None or self._watch.done():
-            self._watch = asyncio.create_task(self._watching(), name="agui-hub cluster watch")
-
-    async def _watching(self) -> None:
-        """Every :data:`CHECK_INTERVAL` seconds, reroute against the client's slot map
-        (which MOVED replies to commands update); every :data:`REFRESH_INTERVAL`,
-        read the slot map first."""
-        loop = asyncio.get_running_loop()
-        while not self._closed:
-            await asyncio.sleep(CHECK_INTERVAL)
-            try:
-                if not self.threads:
-                    continue
-                if loop.time() - self._refreshed >= REFRESH_INTERVAL:
-                    await self.refresh()
-                else:
-                    self.reroute()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("redis cluster: following the slot map failed")
-
-    def _chore(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._chores.add(task)
-        task.add_done_callback(self._chores.discard)
-        task.add_done_callback(_log_failure)
-
-    async def close(self) -> None:
-        self._closed = True
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-        for chore in list(self._chores):
-            chore.cancel()
-        for shard in [*self._shards.values(), *self._retired]:
-            await shard.close()
-        self._shards.clear()
-        self._retired.clear()
-
-
-def _log_failure(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("redis cluster: %s", task.exception())

@@ -195,6 +195,9 @@ def _parse_retention(query: dict[str, list[str]]) -> Retention:
 REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
 """Store URL schemes of the Redis store (``+cluster``: Redis Cluster, docs/cluster.md)."""
 
+CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
+"""URL schemes of a Redis Cluster (see :mod:`agui_hub.store.cluster`)."""
+
 
 def parse_store_url(url: str) -> StoreURL:
     """Parse ``memory://`` or ``redis[s]://host:port/db?prefix=agui&max_len=…&ttl=…``.
