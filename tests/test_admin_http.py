@@ -27,7 +27,7 @@ from agui_hub.errors import Unauthorized
 from agui_hub.gateway.auth import Grants, JWTAuthenticator, JWTSettings, encode_token
 from agui_hub.gateway.config import GatewayConfig
 from agui_hub.gateway.server import Gateway
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import CLI, Gateways, child_env, http_status

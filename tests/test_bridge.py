@@ -49,7 +49,7 @@ from agui_hub.errors import (
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .upstream_agent import (

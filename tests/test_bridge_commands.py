@@ -39,7 +39,7 @@ from agui_hub.gateway.auth import encode_token
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .upstream_agent import UpstreamAgent, ok_events, ok_transcript_text, serve_agent

@@ -40,7 +40,7 @@ from agui_hub.gateway import checkpoints as checkpoints_module
 from agui_hub.store import memory as memory_store_module
 from agui_hub.store.contract import Checkpoint, EventInput, FeedSubscription, Retention, ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore, notify_channel, stream_key
+from agui_hub.store.redis.store import RedisStore, notify_channel, stream_key
 from agui_hub.wire.offsets import START, offset_key
 
 from . import test_server

@@ -60,7 +60,7 @@ from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store.contract import Retention, ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 from agui_hub.wire.codec import decode
 from agui_hub.wire.offsets import offset_key
 from agui_hub.wire.protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, CloseCode

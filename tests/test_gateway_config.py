@@ -35,7 +35,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agui_hub.store.contract import ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port
 from .processes import CLI, ROOT, GatewayProcess, child_env, start_gateway

@@ -52,7 +52,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from agui_hub.gateway.server import Gateway
 from agui_hub.store.contract import ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import ROOT

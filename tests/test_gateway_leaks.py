@@ -53,7 +53,7 @@ from agui_hub.gateway.server import Gateway
 from agui_hub.store import open_store
 from agui_hub.store.contract import EventInput, ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore, notify_channel
+from agui_hub.store.redis.store import RedisStore, notify_channel
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import GatewayProcess, start_gateway

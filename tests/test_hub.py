@@ -1,4 +1,4 @@
-"""The fan-out core (agui_hub.gateway.channels) with an in-memory subscriber: no sockets."""
+"""The fan-out core (agui_hub.gateway.fanout.channels) with an in-memory subscriber: no sockets."""
 
 from __future__ import annotations
 

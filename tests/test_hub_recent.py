@@ -1,4 +1,4 @@
-"""A channel's latest entries in memory (agui_hub.gateway.channels): resumes and catch-ups
+"""A channel's latest entries in memory (agui_hub.gateway.fanout.channels): resumes and catch-ups
 served without store reads, within the channel's bounds and the hub's budget,
 and falling back to the store whenever memory does not hold all they need."""
 

@@ -35,7 +35,7 @@ from agui_hub.gateway.metrics import LOOP_PROBE_INTERVAL
 from agui_hub.gateway.server import Gateway
 from agui_hub.store.contract import EventInput, Expected, Offset, Retention
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .processes import Gateways, http_status

@@ -135,5 +135,5 @@ def test_the_wheel_carries_the_browser_client_and_the_viewer(tmp_path: Path) -> 
     # The Redis store reads its Lua scripts from the package at import.
     lua = sorted(p.name for p in (ROOT / "agui_hub" / "store" / "lua").glob("*.lua"))
     assert {"append.lua", "check_position.lua", "checkpoint.lua", "read.lua"} <= set(lua)
-    missing = [name for name in lua if f"agui_hub/store/lua/{name}" not in names]
+    missing = [name for name in lua if f"agui_hub/store/redis/lua/{name}" not in names]
     assert not missing, f"not in the wheel: {missing}"

@@ -32,7 +32,7 @@ from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.gateway.writer import GROUP_BYTES, GROUP_EVENTS, SequenceCheck, ThreadWriter
 from agui_hub.store.contract import EventInput, Expected, ThreadStore, encode_event_data
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 from agui_hub.wire.offsets import START, Offset, offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer

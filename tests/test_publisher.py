@@ -34,7 +34,7 @@ from agui_hub.errors import HubUnreachable, InvalidEvent, SequenceError, StoreUn
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import Offset, ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore, stream_key
+from agui_hub.store.redis.store import RedisStore, stream_key
 from agui_hub.wire.offsets import START, offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer, free_port

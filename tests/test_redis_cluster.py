@@ -17,7 +17,6 @@ from redis.crc import key_slot
 from agui_hub.client.hub_client import HubClient, Item, Snapshot, ThreadEvent
 from agui_hub.client.publisher import Publisher
 from agui_hub.errors import AppendConflict, StoreError, StoreUnavailable, ThreadReset
-from agui_hub.store.cluster import cluster_options
 from agui_hub.store.contract import (
     START,
     Checkpoint,
@@ -27,7 +26,8 @@ from agui_hub.store.contract import (
     Retention,
     offset_key,
 )
-from agui_hub.store.redis import RedisStore, stream_key
+from agui_hub.store.redis.cluster import cluster_options
+from agui_hub.store.redis.store import RedisStore, stream_key
 
 from .conftest import TIMEOUT_SCALE
 from .processes import Gateways, http_status

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from agui_hub.errors import OffsetExpired
 from agui_hub.store.contract import START, Entry, EventInput, FeedSubscription, Retention
-from agui_hub.store.redis import RedisStore, notify_channel, stream_key
+from agui_hub.store.redis.store import RedisStore, notify_channel, stream_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .streams import collect

@@ -1,4 +1,4 @@
-"""Redis-only behaviour of agui_hub.store.redis, on real redis-server processes."""
+"""Redis-only behaviour of agui_hub.store.redis.store, on real redis-server processes."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-import agui_hub.store.redis as redis_store
-import agui_hub.store.redis_resp as redis_resp
+import agui_hub.store.redis.resp as redis_resp
+import agui_hub.store.redis.store as redis_store
 from agui_hub.errors import OffsetExpired, StoreUnavailable, ThreadReset, TooManyThreads
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store.contract import START, EventInput, FeedState, Retention, encode_event_data
-from agui_hub.store.redis import (
+from agui_hub.store.redis.store import (
     RedisStore,
     durability_problems,
     meta_key,

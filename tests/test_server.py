@@ -31,7 +31,7 @@ from agui_hub.gateway.connection import ConnectionState
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import Retention, ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .runs import realistic_run

@@ -35,7 +35,7 @@ from agui_hub.store.contract import (
     tenant_of,
 )
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 from agui_hub.store.urls import parse_store_url, redact_url
 
 from .conftest import TIMEOUT_SCALE, RedisServer
@@ -533,7 +533,7 @@ async def test_read_available_keeps_up_with_a_producer_that_trims(
     """max_len 20 and a producer appending flat out: where info() then read()
     raced into OffsetExpired, read_available always answers, and its entries
     are a gap-free run that ends at most at the head."""
-    import agui_hub.store.redis as redis_store
+    import agui_hub.store.redis.store as redis_store
 
     monkeypatch.setattr(redis_store, "READ_PAGE", 4)  # several pages per call on Redis
     store = await make_store(Retention(max_len=20))

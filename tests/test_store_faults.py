@@ -15,12 +15,12 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-import agui_hub.store.redis_appends as redis_appends
+import agui_hub.store.redis.appends as redis_appends
 from agui_hub.errors import StoreError, StoreUnavailable, ThreadReset
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store import open_store
 from agui_hub.store.contract import START, Checkpoint, EventInput, FeedState, Retention
-from agui_hub.store.redis import (
+from agui_hub.store.redis.store import (
     RedisStore,
     durability_problems,
     ids_key,

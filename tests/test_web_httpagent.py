@@ -26,7 +26,7 @@ from agui_hub.agui.reducer import fold
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import ThreadStore
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 
 from .conftest import TIMEOUT_SCALE, RedisServer
 from .nodejs import JS_DIR, node

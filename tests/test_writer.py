@@ -38,7 +38,7 @@ from agui_hub.store.contract import (
     ThreadStore,
 )
 from agui_hub.store.memory import MemoryStore
-from agui_hub.store.redis import RedisStore
+from agui_hub.store.redis.store import RedisStore
 from agui_hub.wire.offsets import offset_key
 
 from .conftest import TIMEOUT_SCALE, RedisServer

@@ -2,7 +2,7 @@
 needs of whoever stores threads.
 
 The bridge sits below the gateway and does not import it: the gateway hands
-its :class:`~agui_hub.gateway.channels.Hub` (which has these two methods) to
+its :class:`~agui_hub.gateway.fanout.channels.Hub` (which has these two methods) to
 :class:`~agui_hub.bridge.runs.Bridge`, and a test may hand anything else that
 has them.
 """

@@ -163,7 +163,7 @@ async def check_command(args: argparse.Namespace) -> int:
         return 2
     where = redact_url(url)
     assert parsed.redis_url is not None
-    from ..store.redis_settings import redis_settings  # redis is there: the store opened
+    from ..store.redis.settings import redis_settings  # redis is there: the store opened
 
     try:
         try:

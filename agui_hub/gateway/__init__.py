@@ -1,6 +1,6 @@
 """The gateway: fan-out, checked writes and the servers.
 
-* :mod:`~agui_hub.gateway.channels` - ``Hub`` and ``ThreadChannel``: one
+* :mod:`~agui_hub.gateway.fanout.channels` - ``Hub`` and ``ThreadChannel``: one
   channel per live thread, catch-up then live with no gap, each event encoded
   once per encoding; its collaborators beside it: :mod:`~.members`,
   :mod:`~.history` (the (re)load), :mod:`~.checkpoints`, :mod:`~.recent`

@@ -47,8 +47,8 @@ from ..wire.protocol import (
     unsubscribed_frame,
 )
 from .auth import Action, Authenticator, Credentials, Identity, TokenSource, scoped_event_id
-from .channels import Hub, Subscriber
 from .config import GatewayConfig
+from .fanout.channels import Hub, Subscriber
 from .reporting import Counters
 from .run_access import RunAccess, require_publish
 

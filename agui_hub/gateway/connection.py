@@ -1,6 +1,6 @@
 """One WebSocket client as the gateway keeps it: its send queue and how it is written.
 
-A :class:`Connection` is a :class:`~agui_hub.gateway.channels.Subscriber` of
+A :class:`Connection` is a :class:`~agui_hub.gateway.fanout.channels.Subscriber` of
 the hub: every frame for the client (events, snapshots, replies) goes into its
 bounded send queue, which is written to the socket at the end of each turn of
 the event loop (:class:`PendingFlushes`, :meth:`Connection.flush`), or by the
@@ -182,7 +182,8 @@ class ConnectionHost(CommandHost, Protocol):
 
 
 class Connection:
-    """One client socket, as the hub sees it (a :class:`~agui_hub.gateway.channels.Subscriber`).
+    """One client socket, as the hub sees it (a
+    :class:`~agui_hub.gateway.fanout.members.Subscriber`).
 
     The gateway makes one per WebSocket it admits, calls :meth:`start_clock`
     and runs :meth:`write_loop` in a task, passes each frame it reads to

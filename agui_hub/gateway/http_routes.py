@@ -34,8 +34,8 @@ from ..wire.offsets import check_thread
 from ..wire.protocol import SUBPROTOCOLS
 from .admission import Admission, CountedSocket, client_address
 from .auth import ANONYMOUS_SUBJECT, Anonymous, Authenticator, credentials_of
-from .channels import Hub
 from .config import SECONDS, GatewayConfig, is_loopback
+from .fanout.channels import Hub
 from .metrics import GatewayMetrics
 from .static_files import load_static, static_response
 from .watchers import StoreHealth

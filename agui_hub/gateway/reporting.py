@@ -32,8 +32,8 @@ from ..wire.protocol import (
     Subscribe,
     Unsubscribe,
 )
-from .channels import Hub, Phase
 from .config import SECONDS
+from .fanout.channels import Hub, Phase
 from .metrics import Figures
 
 __all__ = [

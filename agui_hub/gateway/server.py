@@ -1,7 +1,7 @@
 """The WebSocket gateway: ``agui-hub serve``.
 
 A thin I/O layer over :mod:`agui_hub.wire.protocol` (what frames mean) and
-:mod:`agui_hub.gateway.channels` (who gets which event), on the ``websockets`` asyncio
+:mod:`agui_hub.gateway.fanout.channels` (who gets which event), on the ``websockets`` asyncio
 server. :class:`Gateway` owns the lifecycle (settings checks, TLS, the
 open-file budget, start, serve, drain) and one collaborator per concern, each
 in a module of its own beside this one:
@@ -54,7 +54,6 @@ from ..store.urls import redact_url
 from ..wire.protocol import SUBPROTOCOLS, CloseCode, encoding_of
 from .admission import AcceptFailures, Admission, CountedSocket
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, RedactingLogger
-from .channels import Hub
 from .config import (
     FD_RESERVE,
     HANDSHAKE_HEADROOM,
@@ -67,6 +66,7 @@ from .config import (
     raise_open_file_limit,
 )
 from .connection import Connection, ConnectionState, PendingFlushes
+from .fanout.channels import Hub
 from .http_routes import HttpRoutes, select_subprotocol
 from .metrics import Figures, GatewayMetrics
 from .reporting import Counters, collect_figures, log_summaries

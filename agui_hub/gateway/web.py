@@ -4,7 +4,7 @@ The WebSocket gateway runs on the ``websockets`` library, whose server answers
 plain HTTP requests only with a whole body; an SSE stream is a body that never
 ends. So HTTP streams have a listener of their own, on ``http_port``: an ASGI
 app (:class:`HttpApp`) served by uvicorn in the gateway's process and event
-loop, over the same :class:`~agui_hub.gateway.channels.Hub`, store and
+loop, over the same :class:`~agui_hub.gateway.fanout.channels.Hub`, store and
 :class:`~agui_hub.bridge.Bridge`. The WebSocket path is not touched by it
 (docs/bridge.md explains the choice).
 
@@ -21,7 +21,7 @@ Endpoints (docs/bridge.md):
 - ``DELETE /threads/<thread>/run``: cancel the bridged run going in the thread.
 - ``GET /healthz``.
 
-Each SSE client is a :class:`~agui_hub.gateway.channels.Subscriber` of the hub like a
+Each SSE client is a :class:`~agui_hub.gateway.fanout.channels.Subscriber` of the hub like a
 WebSocket connection: bounded queue, paced from the store when it falls
 behind, never a silent gap.
 """
@@ -68,8 +68,8 @@ from ..wire.protocol import CloseCode, Position, Start, StartKind
 from ..wire.sse import encode_comment, encode_event
 from .admission import Admission
 from .auth import Action, Authenticator, Identity, credentials_of
-from .channels import Hub
 from .config import GatewayConfig, limit_key
+from .fanout.channels import Hub
 from .run_access import RunAccess
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def _before(offset: str) -> str:
 
 
 class SseStream:
-    """One SSE client, as the hub sees it (a :class:`~agui_hub.gateway.channels.Subscriber`).
+    """One SSE client, as the hub sees it (a :class:`~agui_hub.gateway.fanout.channels.Subscriber`).
 
     The hub sends it the JSON frames a WebSocket client would get; it turns
     them into SSE. With *run*, it is the answer to ``POST /agents/<name>``:

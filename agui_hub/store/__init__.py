@@ -5,7 +5,7 @@ the same contract tests:
 
 * :class:`~agui_hub.store.memory.MemoryStore` (``memory://``): in-process, the
   zero-set-up default and the reference implementation;
-* :class:`~agui_hub.store.redis.RedisStore` (``redis://``, ``rediss://``):
+* :class:`~agui_hub.store.redis.store.RedisStore` (``redis://``, ``rediss://``):
   one Redis stream per thread, for real deployments.
 
 Pick one by URL with :func:`open_store`::
@@ -119,7 +119,7 @@ def open_store(url: str | None = None, *, retention: Retention | None = None) ->
 
         return MemoryStore(retention=chosen)
     try:
-        from .redis import RedisStore
+        from .redis.store import RedisStore
     except ImportError as exc:
         if exc.name is None or not exc.name.startswith(("redis", "hiredis")):
             raise

@@ -196,7 +196,7 @@ REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"}
 """Store URL schemes of the Redis store (``+cluster``: Redis Cluster, docs/cluster.md)."""
 
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
-"""URL schemes of a Redis Cluster (see :mod:`agui_hub.store.cluster`)."""
+"""URL schemes of a Redis Cluster (see :mod:`agui_hub.store.redis.cluster`)."""
 
 
 def parse_store_url(url: str) -> StoreURL:

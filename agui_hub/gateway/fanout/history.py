@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from ..agui.patch import StateLimits
-from ..agui.reducer import ThreadState
-from ..errors import StoreUnavailable
-from ..store.contract import ThreadStore
-from ..wire.offsets import START, Offset, offset_key
+from ...agui.patch import StateLimits
+from ...agui.reducer import ThreadState
+from ...errors import StoreUnavailable
+from ...store.contract import ThreadStore
+from ...wire.offsets import START, Offset, offset_key
 from .checkpoints import fold_checkpoint
 from .entries import EntryReader
 from .recent import RecentBounds, RecentEntries

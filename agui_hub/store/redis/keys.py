@@ -13,7 +13,7 @@ prefix)::
     agui:{<thread>}:checkpoint  hash: offset, epoch, events, complete (see
                                 :class:`~agui_hub.store.contract.Checkpoint`)
     agui:{<thread>}:notify      pub/sub channel: "new entries": the entries
-                                themselves (see :mod:`agui_hub.store.redis_live`)
+                                themselves (see :mod:`agui_hub.store.redis.live`)
                                 or the last offset
     agui:tenant:{<tenant>}      set: the tenant's threads (only with
                                 max_tenant_threads; never on Redis Cluster, which
@@ -27,7 +27,7 @@ Entry format (fields of each stream entry, values are bytes)::
     type    the event type, e.g. TEXT_MESSAGE_CONTENT
 
 A producer in another language may append with a plain XADD in this format
-(docs/store.md); :func:`~agui_hub.store.redis_resp.parse_entry` reads whatever
+(docs/store.md); :func:`~agui_hub.store.redis.resp.parse_entry` reads whatever
 it finds.
 """
 

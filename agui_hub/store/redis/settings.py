@@ -14,8 +14,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..errors import StoreUnavailable
-from .urls import redact_url
+from ...errors import StoreUnavailable
+from ..urls import redact_url
 
 
 async def redis_settings(

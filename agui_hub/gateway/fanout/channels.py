@@ -8,7 +8,7 @@ the thread (for late joiners' snapshots), and the thread's subscribers.
 For every stored event the channel builds the event frame once per encoding
 that has a subscriber and hands the same bytes to each of them. Subscribers
 are anything with an ``encoding`` and a non-blocking ``send(frame) -> bool``
-(the gateway's connections, :class:`~agui_hub.gateway.members.Subscriber`);
+(the gateway's connections, :class:`~agui_hub.gateway.fanout.members.Subscriber`);
 ``False`` means "your queue is full now".
 
 A member joins (``JOINING``), reads the history it lacks (``CATCHING_UP``)
@@ -16,14 +16,14 @@ and then gets each event as the channel receives it (``LIVE``); a live
 member whose queue fills up goes back to catching up instead of being
 closed. The channel hands the work to collaborators, one concern each:
 
-* :mod:`~agui_hub.gateway.history` folds the stored thread when the channel
+* :mod:`~agui_hub.gateway.fanout.history` folds the stored thread when the channel
   (re)loads, from its checkpoint on;
-* :mod:`~agui_hub.gateway.checkpoints` writes the channel's checkpoints;
-* :mod:`~agui_hub.gateway.recent` keeps the latest entries in memory, so a
+* :mod:`~agui_hub.gateway.fanout.checkpoints` writes the channel's checkpoints;
+* :mod:`~agui_hub.gateway.fanout.recent` keeps the latest entries in memory, so a
   resume storm reads no store;
-* :mod:`~agui_hub.gateway.catchup` replays history to members, paced by
+* :mod:`~agui_hub.gateway.fanout.catchup` replays history to members, paced by
   their sockets;
-* :mod:`~agui_hub.gateway.entries` decodes, folds and encodes entries.
+* :mod:`~agui_hub.gateway.fanout.entries` decodes, folds and encodes entries.
 
 Failures stay where they start: an entry that cannot be folded or encoded is
 relayed to whoever can take it (or skipped, with a logged reason) and marks
@@ -40,18 +40,18 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..agui.patch import StateLimits
-from ..agui.reducer import ThreadState
-from ..errors import (
+from ...agui.patch import StateLimits
+from ...agui.reducer import ThreadState
+from ...errors import (
     OffsetExpired,
     StoreUnavailable,
     SubscriptionLagged,
     ThreadReset,
 )
-from ..store.contract import Entry, FeedSubscription, ThreadStore
-from ..wire.codec import Encoding
-from ..wire.offsets import START, Offset, offset_key
-from ..wire.protocol import (
+from ...store.contract import Entry, FeedSubscription, ThreadStore
+from ...wire.codec import Encoding
+from ...wire.offsets import START, Offset, offset_key
+from ...wire.protocol import (
     CloseCode,
     Position,
     Start,
@@ -60,13 +60,13 @@ from ..wire.protocol import (
     snapshot_frame,
     subscribed_frame,
 )
+from ..writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
 from .catchup import FIRST_PAGE, RESET_WAIT, CatchUps
 from .checkpoints import Checkpointer
 from .entries import EntryReader
 from .history import LOAD_ATTEMPTS, fold_history
 from .members import Member, Phase, Subscriber
 from .recent import DEFAULT_RECENT_BUDGET, RecentBounds, RecentBudget, RecentEntries
-from .writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
 
 __all__ = ["Hub", "Phase", "Subscriber", "ThreadChannel"]
 

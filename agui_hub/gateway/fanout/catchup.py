@@ -19,10 +19,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from ..errors import StoreUnavailable
-from ..store.contract import Entry, ThreadStore
-from ..wire.offsets import Offset, offset_key
-from ..wire.protocol import CloseCode
+from ...errors import StoreUnavailable
+from ...store.contract import Entry, ThreadStore
+from ...wire.offsets import Offset, offset_key
+from ...wire.protocol import CloseCode
 from .entries import EntryReader
 from .members import Member, Phase, Subscriber
 

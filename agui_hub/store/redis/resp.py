@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from .contract import START, Entry, Offset, offset_key
+from ..contract import START, Entry, Offset, offset_key
 
 __all__ = [
     "MAX_OFFSET",

@@ -17,7 +17,7 @@ stalled Redis just goes quiet), and after a reconnect checks that the entry
 at each cursor is still stored (a restore from an older RDB snapshot rolls
 streams back under their epoch).
 
-On Redis Cluster, :mod:`agui_hub.store.cluster_live` runs one of these per
+On Redis Cluster, :mod:`agui_hub.store.redis.cluster_live` runs one of these per
 master.
 """
 
@@ -35,14 +35,14 @@ from typing import Any
 import msgpack
 from redis.exceptions import NoScriptError, RedisError
 
-from ..errors import OffsetExpired, StoreError, StoreUnavailable
-from .contract import PAGE_SIZE, START, Entry, FeedSubscription, Offset, offset_key
-from .redis_calls import RedisCalls, bounded
-from .redis_keys import checkpoint_key, meta_key, notify_channel, stream_key
-from .redis_pages import Page, ThreadPages
-from .redis_resp import text
-from .redis_scripts import Script
-from .urls import DEFAULT_OUTAGE_GRACE
+from ...errors import OffsetExpired, StoreError, StoreUnavailable
+from ..contract import PAGE_SIZE, START, Entry, FeedSubscription, Offset, offset_key
+from ..urls import DEFAULT_OUTAGE_GRACE
+from .calls import RedisCalls, bounded
+from .keys import checkpoint_key, meta_key, notify_channel, stream_key
+from .pages import Page, ThreadPages
+from .resp import text
+from .scripts import Script
 
 __all__ = ["OUTAGE_GRACE", "LiveFeed", "LiveReader", "LiveSource", "carried_entries"]
 
@@ -116,7 +116,7 @@ class LiveReader:
     :meth:`unregister`) and closes the reader with itself (:meth:`close`).
 
     On Redis Cluster one of these serves the threads of one master, over sharded
-    pub/sub (see :mod:`agui_hub.store.cluster_live`): the hooks below
+    pub/sub (see :mod:`agui_hub.store.redis.cluster_live`): the hooks below
     (:meth:`_new_pubsub`, :meth:`_subscribe_channels`,
     :meth:`_unsubscribe_channel` and the message kinds) are what differs.
     """

@@ -12,8 +12,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from ..store.contract import Entry, ThreadStore
-from ..wire.offsets import Offset, offset_key
+from ...store.contract import Entry, ThreadStore
+from ...wire.offsets import Offset, offset_key
 
 __all__ = [
     "DEFAULT_RECENT_BUDGET",

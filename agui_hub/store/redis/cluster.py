@@ -1,6 +1,6 @@
 """The Redis store on Redis Cluster (``redis+cluster://``, ``rediss+cluster://``).
 
-:class:`~agui_hub.store.redis.RedisStore` talks to a cluster when its URL
+:class:`~agui_hub.store.redis.store.RedisStore` talks to a cluster when its URL
 says so::
 
     redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?prefix=agui&ttl=86400
@@ -8,7 +8,7 @@ says so::
 The hosts are seeds: any reachable one tells the store the whole cluster
 (CLUSTER SLOTS), and the store follows the cluster's changes. What differs
 from a single Redis is here (the client, :class:`ClusterOps`) and in
-:mod:`agui_hub.store.cluster_live` (the live reader); the key layout, scripts
+:mod:`agui_hub.store.redis.cluster_live` (the live reader); the key layout, scripts
 and contracts are the same (docs/store.md), and docs/cluster.md says what a
 failover costs.
 
@@ -21,7 +21,7 @@ failover costs.
   connected to that master (PUBLISH would be broadcast to every node).
 - The live reader keeps one pub/sub connection per master (SSUBSCRIBE), not
   per thread, and moves a thread to its new master's connection when its
-  slot moves (:mod:`agui_hub.store.cluster_live`).
+  slot moves (:mod:`agui_hub.store.redis.cluster_live`).
 - ``max_tenant_threads`` is refused: the tenant's set of threads and its
   threads are in different slots, which one script cannot check atomically.
 
@@ -44,13 +44,13 @@ from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError, SlotNotCoveredError
 
-from ..wire.offsets import Offset
-from . import redis_scripts
-from .contract import offset_key
-from .redis_keys import meta_key, notify_channel, stream_key
-from .redis_resp import MAX_OFFSET
-from .redis_scripts import Script
-from .urls import CLUSTER_SCHEMES, redact_url
+from ...wire.offsets import Offset
+from ..contract import offset_key
+from ..urls import CLUSTER_SCHEMES, redact_url
+from . import scripts
+from .keys import meta_key, notify_channel, stream_key
+from .resp import MAX_OFFSET
+from .scripts import Script
 
 __all__ = ["ClusterOps", "cluster_options", "sharded"]
 
@@ -136,13 +136,13 @@ def sharded(script: Script) -> Script:
 
 
 class ClusterOps:
-    """What :class:`~agui_hub.store.redis.RedisStore` does differently on a cluster.
+    """What :class:`~agui_hub.store.redis.store.RedisStore` does differently on a cluster.
 
     Owns the redis-py cluster client (:attr:`client`). Each method returns
     what the store's single-node code gets from its own calls, so the store
     keeps one code path around them (bounded by ``op_timeout``, errors
     mapped to :class:`~agui_hub.errors.StoreUnavailable` / ``StoreError``:
-    see :class:`~agui_hub.store.redis_calls.RedisCalls`, which takes this).
+    see :class:`~agui_hub.store.redis.calls.RedisCalls`, which takes this).
     *prefix* is the store's key prefix.
     """
 
@@ -159,7 +159,7 @@ class ClusterOps:
         self.max_connections = int(options.pop("max_connections", max_connections))
         self.limit = asyncio.Semaphore(self.max_connections)
         """Bounds the store's commands in flight (taken by
-        :class:`~agui_hub.store.redis_calls.RedisCalls` and :meth:`run_scripts`)."""
+        :class:`~agui_hub.store.redis.calls.RedisCalls` and :meth:`run_scripts`)."""
         settings: dict[str, Any] = {
             "max_connections": 2 * self.max_connections,
             "socket_timeout": socket_timeout,
@@ -242,7 +242,7 @@ class ClusterOps:
             keys = [stream_key(prefix, thread), meta_key(prefix, thread)]
             tail = offset_key(after) == MAX_OFFSET  # nothing can follow it
             calls.append((keys, ["" if tail else after, limit or 0]))
-        return await self._run_scripts(redis_scripts.READ, calls)
+        return await self._run_scripts(scripts.READ, calls)
 
     async def scan(self, pattern: str, limit: int) -> list[bytes]:
         """Keys matching *pattern* (streams) on every master, up to about *limit*."""

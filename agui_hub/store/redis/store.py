@@ -1,25 +1,25 @@
 """The Redis thread store (``redis://``, ``rediss://``): one stream per thread.
 
 On Redis Cluster (``redis+cluster://``, ``rediss+cluster://``) the same store
-runs each thread's scripts on its slot's master; :mod:`agui_hub.store.cluster`
+runs each thread's scripts on its slot's master; :mod:`agui_hub.store.redis.cluster`
 holds what differs there (docs/cluster.md).
 
 :class:`RedisStore` is the :class:`~agui_hub.store.contract.ThreadStore` on
 Redis; its parts live in modules of their own:
 
-- :mod:`~agui_hub.store.redis_keys`: the keys of a thread and the entry format;
-- :mod:`~agui_hub.store.redis_appends`: appends, by group commit, each
+- :mod:`~agui_hub.store.redis.keys`: the keys of a thread and the entry format;
+- :mod:`~agui_hub.store.redis.appends`: appends, by group commit, each
   thread's in one call of the append script (``lua/append.lua``), which makes
   them idempotent by event id, conditional, trimmed and rewind-proof;
-- :mod:`~agui_hub.store.redis_pages`: pages of a thread read consistently with
+- :mod:`~agui_hub.store.redis.pages`: pages of a thread read consistently with
   trimming (what :meth:`RedisStore.read` and ``read_available`` are made of);
-- :mod:`~agui_hub.store.redis_live`: the live tail, one reader per store
+- :mod:`~agui_hub.store.redis.live`: the live tail, one reader per store
   object serving every thread with local subscribers over one pub/sub
   connection;
-- :mod:`~agui_hub.store.redis_calls`: the client, the deadline of each call
+- :mod:`~agui_hub.store.redis.calls`: the client, the deadline of each call
   and the mapping of Redis failures to store errors;
-- :mod:`~agui_hub.store.redis_scripts` and ``lua/``: the Lua scripts;
-- :mod:`~agui_hub.store.redis_resp`: RESP packing and reply parsing for the
+- :mod:`~agui_hub.store.redis.scripts` and ``lua/``: the Lua scripts;
+- :mod:`~agui_hub.store.redis.resp`: RESP packing and reply parsing for the
   hot paths.
 
 Every operation a caller awaits is bounded by ``op_timeout``; see
@@ -34,9 +34,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import OffsetExpired
-from . import redis_scripts
-from .contract import (
+from ...errors import OffsetExpired
+from ..contract import (
     START,
     Available,
     Checkpoint,
@@ -51,9 +50,17 @@ from .contract import (
     offset_key,
     tenant_of,
 )
-from .redis_appends import NOTIFY_BYTES, Appender
-from .redis_calls import RedisCalls, single_node_client
-from .redis_keys import (
+from ..urls import (
+    _OWN_OPTIONS,
+    CLUSTER_SCHEMES,
+    DEFAULT_OP_TIMEOUT,
+    check_redis_options,
+    redact_url,
+)
+from . import scripts
+from .appends import NOTIFY_BYTES, Appender
+from .calls import RedisCalls, single_node_client
+from .keys import (
     checkpoint_key,
     ids_key,
     meta_key,
@@ -61,16 +68,9 @@ from .redis_keys import (
     stream_key,
     tenant_key,
 )
-from .redis_live import OUTAGE_GRACE, LiveReader, LiveSource
-from .redis_pages import Page, ThreadPages
-from .redis_resp import normal_offset, text
-from .urls import (
-    _OWN_OPTIONS,
-    CLUSTER_SCHEMES,
-    DEFAULT_OP_TIMEOUT,
-    check_redis_options,
-    redact_url,
-)
+from .live import OUTAGE_GRACE, LiveReader, LiveSource
+from .pages import Page, ThreadPages
+from .resp import normal_offset, text
 
 if TYPE_CHECKING:
     from .cluster_live import ClusterLiveReader
@@ -99,7 +99,7 @@ READ_TRIES = 5
 
 
 class RedisStore:
-    """Thread streams in Redis. See :mod:`agui_hub.store.redis_keys` for keys and entries.
+    """Thread streams in Redis. See :mod:`agui_hub.store.redis.keys` for keys and entries.
 
     Every operation a caller awaits is bounded by *op_timeout* seconds: when
     Redis does not answer in time it raises
@@ -150,7 +150,7 @@ class RedisStore:
         self.prefix = prefix
         retention = retention or Retention()
         self._max_pending = max_pending_bytes
-        append_script, check_script = redis_scripts.APPEND, redis_scripts.CHECK_POSITION
+        append_script, check_script = scripts.APPEND, scripts.CHECK_POSITION
         if scheme in CLUSTER_SCHEMES:
             from .cluster import ClusterOps
 
@@ -420,7 +420,7 @@ class RedisStore:
             int(self.retention.ttl * 1000),
         ]
         await self._calls.call(
-            self._client.eval(redis_scripts.CHECKPOINT.source, len(keys), *keys, *args)
+            self._client.eval(scripts.CHECKPOINT.source, len(keys), *keys, *args)
         )
 
     async def get_checkpoint(self, thread: str) -> Checkpoint | None:

@@ -2,7 +2,7 @@
 entries after a cursor, consistent with each other.
 
 What both the store's reads (:meth:`RedisStore.read
-<agui_hub.store.redis.RedisStore.read>`, ``read_available``) and the live
+<agui_hub.store.redis.store.RedisStore.read>`, ``read_available``) and the live
 reader's catch-up reads are made of. One round trip reads a page of many
 threads at once (the live reader reads every notified thread together).
 """
@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StoreError
-from .contract import START, Entry, Offset, offset_key
-from .redis_calls import RedisCalls
-from .redis_keys import meta_key, stream_key
-from .redis_resp import MAX_OFFSET, parse_entry, text
+from ...errors import StoreError
+from ..contract import START, Entry, Offset, offset_key
+from .calls import RedisCalls
+from .keys import meta_key, stream_key
+from .resp import MAX_OFFSET, parse_entry, text
 
 __all__ = ["Page", "ThreadPages"]
 

@@ -2,7 +2,7 @@
 failure turned into a store error.
 
 :class:`RedisCalls` holds the redis-py client (a single Redis's, or a Redis
-Cluster's made by :class:`~agui_hub.store.cluster.ClusterOps`) and is what the
+Cluster's made by :class:`~agui_hub.store.redis.cluster.ClusterOps`) and is what the
 store's parts share: the appends, the reads and the live reader. A caller
 gets an answer or a :class:`~agui_hub.errors.StoreUnavailable` /
 :class:`~agui_hub.errors.StoreError` within the deadline, whatever Redis
@@ -33,8 +33,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..errors import StoreError, StoreUnavailable
-from .redis_resp import raw_reply
+from ...errors import StoreError, StoreUnavailable
+from .resp import raw_reply
 
 if TYPE_CHECKING:
     from .cluster import ClusterOps

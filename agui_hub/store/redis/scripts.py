@@ -1,13 +1,13 @@
 """The Redis store's Lua scripts, read from the package's ``lua/`` folder.
 
-Each script is a file of its own (``agui_hub/store/lua/*.lua``) whose header
+Each script is a file of its own (``agui_hub/store/redis/lua/*.lua``) whose header
 says its KEYS, ARGV and reply, so that it can be read, and run with
 ``redis-cli --eval``, on its own. They are read once, when this module is
 imported, and shipped as package data (pyproject.toml).
 
 The store runs them with EVALSHA and loads a script when Redis answers
 NOSCRIPT (a restart, a failover, SCRIPT FLUSH): see
-:class:`~agui_hub.store.redis_calls.RedisCalls.load_script`.
+:class:`~agui_hub.store.redis.calls.RedisCalls.load_script`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load(name: str) -> Script:
 
 APPEND = load("append.lua")
 """Appends events to one thread (:meth:`RedisStore.append
-<agui_hub.store.redis.RedisStore.append>`): idempotent, conditional, with
+<agui_hub.store.redis.store.RedisStore.append>`): idempotent, conditional, with
 retention, rewind detection and the live readers' notification."""
 
 CHECK_POSITION = load("check_position.lua")

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import msgpack
 
-from ..agui.reducer import ThreadState
-from ..store.contract import Checkpoint, ThreadStore
-from ..wire.codec import encode_msgpack
-from ..wire.offsets import Offset
+from ...agui.reducer import ThreadState
+from ...store.contract import Checkpoint, ThreadStore
+from ...wire.codec import encode_msgpack
+from ...wire.offsets import Offset
 
 __all__ = ["CHECKPOINT_EVERY", "CheckpointedChannel", "Checkpointer", "fold_checkpoint"]
 

@@ -1,7 +1,7 @@
 """The live reader on Redis Cluster: one sharded pub/sub connection per master.
 
 :class:`ClusterLiveReader` routes each live thread to the :class:`ShardReader`
-of its slot's master (the single-node :class:`~agui_hub.store.redis_live.LiveReader`
+of its slot's master (the single-node :class:`~agui_hub.store.redis.live.LiveReader`
 on one master's connection, with SSUBSCRIBE) and moves threads between them
 when slots move: a lost connection, a MOVED reply, a ``sunsubscribe`` Redis
 sends when its node loses a slot, or the periodic check of the slot map. A
@@ -9,7 +9,7 @@ moved thread keeps its cursor and is subscribed on its new master; the
 confirmation makes the reader check the entry at the cursor (a failover to a
 replica that had not received the newest entries is a rewind: the thread gets
 a new epoch and its subscribers resync) and read after the cursor. See
-:mod:`agui_hub.store.cluster` for the rest of what differs on a cluster.
+:mod:`agui_hub.store.redis.cluster` for the rest of what differs on a cluster.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
 from redis.exceptions import SlotNotCoveredError
 
-from ..errors import StoreError, StoreUnavailable
+from ...errors import StoreError, StoreUnavailable
+from ..contract import FeedSubscription
 from .cluster import ClusterOps
-from .contract import FeedSubscription
-from .redis_keys import notify_channel
-from .redis_live import LiveFeed, LiveReader, LiveSource
+from .keys import notify_channel
+from .live import LiveFeed, LiveReader, LiveSource
 
 __all__ = ["ClusterLiveReader", "ShardReader"]
 
@@ -194,7 +194,7 @@ class ClusterLiveReader:
     worst, a resync when the failover lost entries they had read. *source* is
     what each master's reader works with, *ops* the cluster's client (whose
     slot map says which master serves a thread). The store uses it as it uses
-    a single-node :class:`~agui_hub.store.redis_live.LiveReader`.
+    a single-node :class:`~agui_hub.store.redis.live.LiveReader`.
     """
 
     def __init__(self, source: LiveSource, ops: ClusterOps) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import msgpack
 
-from ..agui.events import check_json_value
-from ..agui.reducer import ThreadState
-from ..store.contract import Entry
-from ..wire.codec import Encoding
-from ..wire.protocol import event_frame
+from ...agui.events import check_json_value
+from ...agui.reducer import ThreadState
+from ...store.contract import Entry
+from ...wire.codec import Encoding
+from ...wire.protocol import event_frame
 
 __all__ = ["LOGGED_SKIPS", "EntryReader"]
 

@@ -6,7 +6,7 @@ A member is in one of three phases (:class:`Phase`):
   sent to it: the reply always comes first.
 * ``CATCHING_UP``: reading history from the store, paced by its socket
   (:meth:`Subscriber.drained`), until it reaches the channel's cursor
-  (:mod:`~agui_hub.gateway.catchup`).
+  (:mod:`~agui_hub.gateway.fanout.catchup`).
 * ``LIVE``: gets each event as the channel receives it.
 """
 
@@ -17,9 +17,9 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..wire.codec import Encoding
-from ..wire.offsets import Offset, offset_key
-from ..wire.protocol import CloseCode
+from ...wire.codec import Encoding
+from ...wire.offsets import Offset, offset_key
+from ...wire.protocol import CloseCode
 
 __all__ = ["Member", "Phase", "Subscriber"]
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from ..errors import AppendConflict, StoreError, StoreUnavailable, TooManyThreads
-from .contract import (
+from ...errors import AppendConflict, StoreError, StoreUnavailable, TooManyThreads
+from ..contract import (
     EventInput,
     Expected,
     Offset,
@@ -40,10 +40,10 @@ from .contract import (
     tenant_of,
     too_many_threads,
 )
-from .redis_calls import MAYBE_STORED, RedisCalls, bounded
-from .redis_keys import checkpoint_key, ids_key, meta_key, notify_channel, stream_key, tenant_key
-from .redis_resp import command, normal_offset, round_trip, text
-from .redis_scripts import Script
+from .calls import MAYBE_STORED, RedisCalls, bounded
+from .keys import checkpoint_key, ids_key, meta_key, notify_channel, stream_key, tenant_key
+from .resp import command, normal_offset, round_trip, text
+from .scripts import Script
 
 __all__ = ["IDS_REBUILD_LIMIT", "NOTIFY_BYTES", "Appender"]
 
@@ -117,7 +117,7 @@ class Appender:
     ) -> list[Offset]:
         """Append *events* to *thread* (checked, not empty): their offsets, when
         the round trip they went in is answered. See
-        :meth:`RedisStore.append <agui_hub.store.redis.RedisStore.append>`."""
+        :meth:`RedisStore.append <agui_hub.store.redis.store.RedisStore.append>`."""
         if expect is not None:
             expect = Expected(expect.epoch, normal_offset(expect.after))
         quads: list[Any] = []
@@ -254,7 +254,7 @@ class Appender:
 
         Replaying after NoScriptError is safe: event ids make appends idempotent.
         On Redis Cluster each master gets the calls of its threads (see
-        :meth:`agui_hub.store.cluster.ClusterOps.run_scripts`).
+        :meth:`agui_hub.store.redis.cluster.ClusterOps.run_scripts`).
         """
         calls = [self._append_call(thread, members) for thread, members in groups]
         script, cluster = self._script, self._calls.cluster
