@@ -26,7 +26,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(root)}
     return subprocess.run(
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
-         "--config", str(root / "pyproject.toml"), "--no-cache"],
+         str(root / "pyproject.toml"), "--no-cache"],
         cwd=root, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -49,7 +49,7 @@ def test_every_import_contract_is_kept() -> None:
          "agui_hub.wire.codec -> asyncio"),
         # Two modules of one folder importing each other.
         ("store/memory.py", "from . import urls as _urls", "No import cycle",
-         ".memory -> .urls"),
+         "No cycles are allowed in agui_hub.store."),
     ],
 )  # fmt: skip
 def test_an_import_against_the_layout_breaks_a_contract(
@@ -59,7 +59,7 @@ def test_an_import_against_the_layout_breaks_a_contract(
     shutil.copytree(PACKAGE, tmp_path / "agui_hub", ignore=shutil.ignore_patterns("static"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     if module == "store/memory.py":  # the cycle needs the way back too
-        with (tmp_path / "agui_hub/store/redis/cluster.py").open("a") as f:
+        with (tmp_path / "agui_hub/store/urls.py").open("a") as f:
             f.write("\nfrom . import memory as _memory  # noqa\n")
     with (tmp_path / "agui_hub" / module).open("a") as f:
         f.write(f"\n{line}  # noqa\n")

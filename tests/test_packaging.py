@@ -133,7 +133,7 @@ def test_the_wheel_carries_the_browser_client_and_the_viewer(tmp_path: Path) -> 
     missing = [name for name in static if f"agui_hub/static/{name}" not in names]
     assert not missing, f"not in the wheel: {missing}"
     # The Redis store reads its Lua scripts from the package at import.
-    lua = sorted(p.name for p in (ROOT / "agui_hub" / "store" / "lua").glob("*.lua"))
+    lua = sorted(p.name for p in (ROOT / "agui_hub" / "store" / "redis" / "lua").glob("*.lua"))
     assert {"append.lua", "check_position.lua", "checkpoint.lua", "read.lua"} <= set(lua)
     missing = [name for name in lua if f"agui_hub/store/redis/lua/{name}" not in names]
     assert not missing, f"not in the wheel: {missing}"

@@ -11,7 +11,7 @@ to nothing but its own files; the files being package data.
 The page's reducer (js/src/transcript.ts) is checked here too, without a
 browser: folded by Node, the demo's runs, chunk, activity and snapshot
 sequences and the hub's compact snapshots (taken at many points of a run)
-give the same messages and state as agui_hub/reducer.py.
+give the same messages and state as agui_hub/agui/reducer.py.
 """
 
 from __future__ import annotations
@@ -414,7 +414,7 @@ def test_the_page_imports_the_client_the_gateway_serves() -> None:
     assert "/agui-hub.js" in STATIC_PATHS and "/agui-hub.js" in CLIENT_PATHS
 
 
-# -- the page's reducer against agui_hub/reducer.py ----------------------------------------------
+# -- the page's reducer against agui_hub/agui/reducer.py --------------------------------------
 
 
 def _cases() -> Iterator[tuple[str, dict[str, Any], list[dict[str, Any]]]]:

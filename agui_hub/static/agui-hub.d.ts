@@ -1,7 +1,7 @@
 // agui-hub.d.ts: generated from js/src by `npm run build` (agui-hub); do not edit.
 /**
  * agui-hub client for browsers and Node (docs/protocol.md is the wire contract,
- * agui_hub/client.py the reference behaviour this mirrors).
+ * agui_hub/client/ the reference behaviour this mirrors).
  *
  * One HubClient is one WebSocket (msgpack or JSON) carrying any number of
  * subscriptions, one per thread, and publishes. When the connection drops the

@@ -1,7 +1,7 @@
 // The viewer's model of one thread: AG-UI events (and the hub's snapshots)
 // folded into messages, runs, steps and the shared state.
 //
-// The message list has the shape agui_hub/reducer.py gives it (itself the
+// The message list has the shape agui_hub/agui/reducer.py gives it (itself the
 // shape of @ag-ui/client's defaultApplyEvents), so that a test can compare
 // the page's messages and state with the Python reducer's for the same
 // thread. What the Python reducer keeps for the hub's own use (limits,
@@ -154,7 +154,7 @@ const str = (e: Obj, key: string): string =>
 const anyKey = (e: Obj, key: string): string =>
   need<string>(e, key, isKey, "a string");
 
-// -- chunk events (agui_hub/chunks.py, the official client's rules) ---------------------------
+// -- chunk events (agui_hub/agui/chunks.py, the official client's rules) -------------------------
 
 interface ChunkKind {
   name: "text" | "tool" | "reasoning";
@@ -635,7 +635,7 @@ export class Transcript {
   }
 }
 
-// -- handlers, one per event type (as in agui_hub/reducer.py) ------------------------------------
+// -- handlers, one per event type (as in agui_hub/agui/reducer.py) ------------------------------------
 
 type Handler = (t: Transcript, e: Obj) => void;
 

@@ -1,4 +1,4 @@
-// Runs the official HttpAgent of @ag-ui/client once, for tests/test_web_httpagent.py.
+// Runs the official HttpAgent of @ag-ui/client once, for tests/bridge/test_web_httpagent.py.
 //
 //   node test/httpagent-driver.mjs '<input JSON>'     (or the JSON on stdin)
 //

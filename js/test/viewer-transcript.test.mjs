@@ -5,7 +5,7 @@
 // {"cases": {name: {"events": [...], "snapshot": [...]?}}} (the events, or a
 // snapshot's events then the events that follow it) and prints
 // {name: model} as one JSON line: tests/test_viewer.py compares the models
-// with agui_hub/reducer.py's fold of the same events.
+// with agui_hub/agui/reducer.py's fold of the same events.
 
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
