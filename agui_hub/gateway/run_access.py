@@ -3,7 +3,7 @@ cancel and end checked against the caller's grants before the bridge acts.
 
 A ``run`` or ``cancel`` command (:mod:`~agui_hub.gateway.commands`) and the
 HTTP listener's ``POST /agents/<name>`` and ``DELETE /threads/<thread>/run``
-(:mod:`~agui_hub.gateway.web`) ask here; the :class:`~agui_hub.bridge.Bridge`
+(:mod:`~agui_hub.gateway.web`) ask here; the :class:`~agui_hub.bridge.runs.Bridge`
 itself knows nothing of identities (docs/bridge.md).
 """
 
@@ -25,7 +25,7 @@ def require_publish(identity: Identity | None, thread: str) -> Identity:
 
 
 class RunAccess:
-    """The gateway's :class:`~agui_hub.bridge.Bridge`, behind its clients' grants.
+    """The gateway's :class:`~agui_hub.bridge.runs.Bridge`, behind its clients' grants.
 
     A run belongs to a thread: starting, cancelling or ending one takes a
     grant to publish into it, and starting one a run grant covering the agent.

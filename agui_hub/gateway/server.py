@@ -107,14 +107,15 @@ class Gateway:
         authenticator: Authenticator | None = None,
     ) -> None:
         self.config = config
-        self.authenticator: Authenticator = (
-            authenticator if authenticator is not None else build_authenticator(config)
-        )
         self._custom_auth = authenticator is not None
         self.counters = Counters()
         """What the gateway did since it started (the minute's summary line)."""
         # Before the store is opened: settings it refuses leave nothing to close.
-        self.admission = Admission(config, self.authenticator, self.counters)
+        self.admission = Admission(
+            config,
+            authenticator if authenticator is not None else build_authenticator(config),
+            self.counters,
+        )
         """Who may connect, and how many (origins, caps, the handshake's credentials)."""
         self.store = store if store is not None else open_store(config.store or None)
         self.store_health = StoreHealth(
@@ -161,6 +162,12 @@ class Gateway:
         """Connections that got frames in this turn of the event loop, to flush at its end."""
         self.routes = HttpRoutes(self)
         """Plain HTTP on the WebSocket port (probes, static files, /metrics, /admin/)."""
+
+    @property
+    def authenticator(self) -> Authenticator:
+        """Who a connection is: one object, asked by the handshake (:attr:`admission`),
+        ``auth`` commands, ``/admin/`` and the revocation check alike."""
+        return self.admission.authenticator
 
     @property
     def draining(self) -> bool:

@@ -5,7 +5,7 @@ plain HTTP requests only with a whole body; an SSE stream is a body that never
 ends. So HTTP streams have a listener of their own, on ``http_port``: an ASGI
 app (:class:`HttpApp`) served by uvicorn in the gateway's process and event
 loop, over the same :class:`~agui_hub.gateway.fanout.channels.Hub`, store and
-:class:`~agui_hub.bridge.Bridge`. The WebSocket path is not touched by it
+:class:`~agui_hub.bridge.runs.Bridge`. The WebSocket path is not touched by it
 (docs/bridge.md explains the choice).
 
 Endpoints (docs/bridge.md):

@@ -5,9 +5,10 @@ says its KEYS, ARGV and reply, so that it can be read, and run with
 ``redis-cli --eval``, on its own. They are read once, when this module is
 imported, and shipped as package data (pyproject.toml).
 
-The store runs them with EVALSHA and loads a script when Redis answers
-NOSCRIPT (a restart, a failover, SCRIPT FLUSH): see
-:class:`~agui_hub.store.redis.calls.RedisCalls.load_script`.
+The store runs the append, read and position scripts with EVALSHA and loads
+one when Redis answers NOSCRIPT (a restart, a failover, SCRIPT FLUSH): see
+:meth:`~agui_hub.store.redis.calls.RedisCalls.load_script`. The checkpoint
+script, written rarely, is sent whole with EVAL.
 """
 
 from __future__ import annotations

@@ -144,10 +144,10 @@ class RedisStore:
                 )
         scheme = parts.scheme.lower()
         check_redis_options(scheme.removesuffix("+cluster"), names)
-        self.outage_grace = outage_grace
-        self.op_timeout = op_timeout
-        self.socket_timeout = socket_timeout
-        self.prefix = prefix
+        # Read-only below: the parts made from them keep their own copies.
+        self._outage_grace = outage_grace
+        self._op_timeout = op_timeout
+        self._prefix = prefix
         retention = retention or Retention()
         self._max_pending = max_pending_bytes
         append_script, check_script = scripts.APPEND, scripts.CHECK_POSITION
@@ -191,6 +191,21 @@ class RedisStore:
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r}, prefix={self.prefix!r})"
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix (``agui``): fixed for the store's life."""
+        return self._prefix
+
+    @property
+    def op_timeout(self) -> float:
+        """Seconds one store operation may take; fixed for the store's life."""
+        return self._op_timeout
+
+    @property
+    def outage_grace(self) -> float:
+        """Seconds a live feed waits out an outage; fixed for the store's life."""
+        return self._outage_grace
 
     @property
     def retention(self) -> Retention:

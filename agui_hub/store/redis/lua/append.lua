@@ -7,7 +7,7 @@
 -- the epoch is the expected one and that no entry follows the expected offset.
 -- A stream or ids hash lost under its epoch (eviction, a restore from an older
 -- snapshot) gives the thread a new epoch (or rebuilds its ids): nothing rewinds
--- silently. Key layout and entry format: agui_hub/store/redis_keys.py.
+-- silently. Key layout and entry format: agui_hub/store/redis/keys.py.
 --
 -- KEYS[1] stream      <prefix>:{<thread>}:events
 -- KEYS[2] meta        <prefix>:{<thread>}:meta
