@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
+from agui_hub.store.redis.keys import stream_key
+
 from .conftest import TIMEOUT_SCALE, free_port, unusable
 
 NODE_TIMEOUT_MS = 1000
@@ -231,7 +233,7 @@ class RedisCluster:
         chosen: dict[int, list[str]] = {port: [] for _, _, port in ranges}
         for n in range(10_000):
             thread = f"thread-{n}"
-            port = self.master_of(f"agui:{{{thread}}}:events", ranges).port
+            port = self.master_of(stream_key("agui", thread), ranges).port
             if len(chosen[port]) < per_master:
                 chosen[port].append(thread)
             if all(len(threads) == per_master for threads in chosen.values()):

@@ -1561,7 +1561,7 @@ function checkThread(thread) {
   if (length < 1 || length > MAX_THREAD_LENGTH) {
     throw new HubError(`a thread name is a string of 1 to ${MAX_THREAD_LENGTH} characters`);
   }
-  if (/[\u0000-\u001f\u007f]/.test(thread)) {
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(thread)) {
     throw new HubError(`thread name ${JSON.stringify(thread)} contains control characters`);
   }
   if (thread.trim() !== thread) {

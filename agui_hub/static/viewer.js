@@ -1981,7 +1981,7 @@ function rememberThread(thread) {
 function threadProblem(thread) {
   if (!thread) return "type a thread id";
   if (thread.length > 256) return "a thread id has at most 256 characters";
-  if (/[\u0000-\u001f\u007f]/.test(thread)) return "a thread id has no control characters";
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(thread)) return "a thread id has no control characters";
   return null;
 }
 var Viewer = class {

@@ -24,6 +24,8 @@ MAX_THREAD_LENGTH = 256
 # digits ("\u0661-0"), which int() reads as 1 but Redis rejects.
 _OFFSET_RE = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _MAX_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit integers
+# C0, DEL and C1: the whole of Unicode category Cc.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def offset_key(offset: Offset) -> tuple[int, int]:
@@ -39,12 +41,14 @@ def offset_key(offset: Offset) -> tuple[int, int]:
 def check_thread(thread: str) -> str:
     """Return *thread* if it is a valid thread name, else raise :class:`InvalidEvent`.
 
-    A thread name is 1 to 256 characters without control characters, and
-    neither begins nor ends with whitespace.
+    A thread name is 1 to 256 characters without control characters (C0,
+    U+0000 to U+001F; DEL, U+007F; C1, U+0080 to U+009F: a terminal acts on
+    ``"\\u009b2J"`` as on ``"\\x1b[2J"``), and neither begins nor ends with
+    whitespace.
     """
     if not isinstance(thread, str) or not 0 < len(thread) <= MAX_THREAD_LENGTH:
         raise InvalidEvent(f"a thread name is a string of 1 to {MAX_THREAD_LENGTH} characters")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in thread):
+    if _CONTROL_RE.search(thread) is not None:
         raise InvalidEvent(f"thread name {thread!r} contains control characters")
     stripped = thread.strip()
     if stripped != thread:

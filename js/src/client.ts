@@ -337,7 +337,7 @@ export function checkThread(thread: string): string {
     throw new HubError(`a thread name is a string of 1 to ${MAX_THREAD_LENGTH} characters`);
   }
   // eslint-disable-next-line no-control-regex
-  if (/[\u0000-\u001f\u007f]/.test(thread)) {
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(thread)) {
     throw new HubError(`thread name ${JSON.stringify(thread)} contains control characters`);
   }
   if (thread.trim() !== thread) {

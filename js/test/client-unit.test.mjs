@@ -80,7 +80,8 @@ test("a JWT's exp is read without verifying; anything else has none", () => {
 test("thread names: 1 to 256 characters, no control characters, no outer whitespace", () => {
   assert.equal(checkThread("tenant-42/run-1"), "tenant-42/run-1");
   assert.equal(checkThread("🙂".repeat(256)), "🙂".repeat(256), "characters, not UTF-16 units");
-  for (const bad of ["", "x".repeat(257), "a\nb", "a\u007fb", "demo ", " demo", "   "]) {
+  const c1 = ["csi\u009b2J", "nel\u0085x", "a\u0080b"]; // C1 controls, refused like C0 and DEL
+  for (const bad of ["", "x".repeat(257), "a\nb", "a\u007fb", ...c1, "demo ", " demo", "   "]) {
     assert.throws(() => checkThread(bad), HubError, JSON.stringify(bad));
   }
 });

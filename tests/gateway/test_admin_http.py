@@ -173,6 +173,7 @@ async def test_missing_and_bad_threads(mem: Harness) -> None:
         ("/admin/threads/" + "x" * 300, "1 to 256 characters"),
         ("/admin/threads/%FF%FE", "not percent-encoded UTF-8"),
         ("/admin/threads/a%0Ab", "control characters"),
+        ("/admin/threads/csi%C2%9B2J", "control characters"),  # C1 as C0
     ]:
         answer = await http_get(port, path, ADMIN)
         assert answer.status == 400, path

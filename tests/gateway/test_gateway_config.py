@@ -18,6 +18,7 @@ offsets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -366,6 +367,33 @@ async def test_payload_too_large_then_1009(mem: Harness, protocol: str) -> None:
     huge = {"type": "ping", "id": "huge", "pad": "x" * (5 * limit)}
     await client.send(huge)
     assert await client.closed_code() == 1009
+    await bystander.ping()  # the others are untouched
+
+
+def fragments(data: bytes | str, count: int) -> list[bytes | str]:
+    """*data* as *count* fragments: the first holds it all, the others are empty (a
+    message too small for any size limit to see)."""
+    return [data, *[data[:0]] * (count - 1)]
+
+
+@pytest.mark.timeout(60)
+async def test_a_message_in_too_many_fragments_closes_1009(mem: Harness) -> None:
+    """docs/protocol.md, close codes: a message of more than 4,096 fragments closes the
+    connection with 1009 ("too many fragments"), however small; fewer are read as one.
+
+    (The gateway's side of that socket lingers for the WebSocket close timeout, 10 s:
+    the library stops reading with the unread fragments queued, so it sees the
+    client's close only then. One encoding: the limit is the WebSocket layer's.)"""
+    gateway = await mem.gateway()
+    bystander = await mem.client(gateway, MSGPACK)
+    client = await mem.client(gateway, JSON)
+    await client.ws.send(fragments(client.encode({"type": "ping", "id": "many"}), 4000))
+    reply = await client.recv()
+    assert reply == {"type": "pong", "id": "many"}, reply
+    with contextlib.suppress(ConnectionClosed):  # closed while the fragments still go out
+        await client.ws.send(fragments(client.encode({"type": "ping", "id": "more"}), 8000))
+    assert await client.closed_code() == 1009
+    assert client.ws.close_reason == "too many fragments"
     await bystander.ping()  # the others are untouched
 
 

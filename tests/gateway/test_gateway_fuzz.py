@@ -4,12 +4,12 @@ A seeded generator (``AGUI_HUB_FUZZ_SEED``, printed with the number of frames
 sent) drives several attacker connections, in both encodings, against an
 in-process :class:`~agui_hub.gateway.server.Gateway`: malformed bytes, frames of the
 wrong kind, non-map frames, unknown commands, fields of the wrong type, huge
-ids, deep nesting, lone surrogates, non-ASCII digits in offsets, far-future
-offsets, wrong epochs, out-of-range integers, invalid events, events that
-break the sequence rules, hostile but valid events (deep STATE_SNAPSHOTs
-near the limits, JSON Patch copy bombs, hundreds of open messages, frames
-just over and far over the size limit), subscribe / unsubscribe storms, and
-broken WebSocket framing on raw sockets.
+ids, deep nesting, lone surrogates, C1 controls and braces in thread names,
+non-ASCII digits in offsets, far-future offsets, wrong epochs, out-of-range
+integers, invalid events, events that break the sequence rules, hostile but
+valid events (deep STATE_SNAPSHOTs near the limits, JSON Patch copy bombs,
+hundreds of open messages, frames just over and far over the size limit),
+subscribe / unsubscribe storms, and broken WebSocket framing on raw sockets.
 
 Meanwhile a well-behaved publisher publishes realistic runs into a thread of
 its own and a well-behaved viewer, subscribed from the start, reads it.
@@ -232,6 +232,7 @@ class Attacker:
             None, True, False, 0, -1, 1.5, float("inf") if not self.binary else 1e308,
             "", "x" * r.randrange(1, 300), [], [1, "a"], {}, {"a": 1}, self.big_int(),
             "\x00", "t\nu", "{brace}", "é" * 50,
+            "csi\x9b2J", "nel\x85x", "}", "}{", "{}",  # C1 controls; names that end a hash tag
         ]  # fmt: skip
         if self.binary:
             choices.append(b"\x00\x01bytes")
@@ -852,7 +853,8 @@ async def run_attack(
             binary=i % 2 == 1,
             name=f"a{seed % 1000}-{i}",
             pair_thread=pair_thread,
-            threads=[f"fz-{seed % 1000}-{i}-{j}" for j in range(4)],
+            # With braces too: on Redis their keys must stay in one slot.
+            threads=[f"fz-{seed % 1000}-{i}-{j}" for j in range(4)] + [f"}}fz{i}{{", f"a{{{i}}}"],
             hostile=hostile,
         )
         for i in range(ATTACKERS)

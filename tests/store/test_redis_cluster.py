@@ -27,10 +27,18 @@ from agui_hub.store.contract import (
     offset_key,
 )
 from agui_hub.store.redis.cluster import cluster_options
-from agui_hub.store.redis.store import RedisStore, stream_key
+from agui_hub.store.redis.store import (
+    RedisStore,
+    checkpoint_key,
+    ids_key,
+    meta_key,
+    notify_channel,
+    stream_key,
+)
 
 from ..conftest import TIMEOUT_SCALE
 from ..processes import Gateways, http_status
+from .test_store import BRACE_NAMES, names_round_trip
 
 if TYPE_CHECKING:
     from ..redis_cluster import ClusterNode, RedisCluster
@@ -111,6 +119,25 @@ def test_the_password_stays_out_of_the_cluster_store_url() -> None:
     store = RedisStore("redis+cluster://u:hunter2@h1:7000,h2:7001/")
     assert "hunter2" not in store.url and "hunter2" not in repr(store)
     assert "h1:7000,h2:7001" in store.url
+
+
+# -- thread names with braces ---------------------------------------------------------------
+
+
+async def test_names_with_braces_keep_their_keys_in_one_slot(redis_cluster: RedisCluster) -> None:
+    """`}abc` as `{}abc}` would be hashed by the whole key, each key to its own slot,
+    and its appends would fail CROSSSLOT: the tag is escaped, whatever the name."""
+    names = [*BRACE_NAMES, "plain"]
+    async with cluster_store(redis_cluster) as store:
+        for name in names:
+            builders = (stream_key, meta_key, ids_key, checkpoint_key, notify_channel)
+            slots = {key_slot(build(store.prefix, name).encode()) for build in builders}
+            assert len(slots) == 1, (name, slots)
+        # The names land on more than one master: the test is not one node's.
+        ranges = redis_cluster.slot_ranges()
+        masters = {redis_cluster.master_of(stream_key(store.prefix, n), ranges).port for n in names}
+        assert len(masters) > 1, masters
+        await names_round_trip(store, names)
 
 
 # -- publishing and reading on every master ------------------------------------------------

@@ -514,6 +514,31 @@ async def test_a_try_at_the_quota_checks_a_bounded_sample(redis_server: RedisSer
         await store.close()
 
 
+async def test_the_quota_prunes_threads_with_braces_by_their_keys(
+    redis_server: RedisServer,
+) -> None:
+    """The append script finds a member's keys by its tag, as the store names them:
+    a live thread with a `}` is kept, an expired one dropped."""
+    prefix = f"tq{uuid.uuid4().hex[:8]}"
+    store = RedisStore(
+        redis_server.url, prefix=prefix, retention=Retention(max_tenant_threads=2, ttl=0.5)
+    )
+    raw = aioredis.Redis.from_url(redis_server.url)
+    acme = tenant_key(prefix, "acme")
+    try:
+        await store.append("acme/}a", [item(1)])
+        await store.append("acme/%7D}", [item(1)])
+        with pytest.raises(TooManyThreads):  # both alive: neither is taken for gone
+            await store.append("acme/c", [item(1)])
+        assert await raw.smembers(acme) == {b"acme/}a", b"acme/%7D}"}
+        await asyncio.sleep(1.1 * TIMEOUT_SCALE)  # both expire
+        await store.append("acme/d", [item(1)])
+        assert await raw.smembers(acme) == {b"acme/d"}
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
 async def test_no_tenant_set_without_a_quota(redis_server: RedisServer) -> None:
     prefix = f"tq{uuid.uuid4().hex[:8]}"
     store = RedisStore(redis_server.url, prefix=prefix)
@@ -556,3 +581,39 @@ def test_volatile_policy_warning_names_the_fix() -> None:
         {**settings, "maxmemory-policy": "volatile-ttl"}, "r", uses_ttl=True
     )
     assert "7 days unless set" in warning and "ttl option to 0" in warning
+
+
+# -- key names: thread tags and the listing --------------------------------------------------
+
+
+def test_keys_of_a_name_without_a_closing_brace_are_as_they_always_were() -> None:
+    for thread in ("t", "tenant/x", "a{b", "{", "%7D", "é 🙂"):
+        assert stream_key("agui", thread) == f"agui:{{{thread}}}:events"
+        assert meta_key("agui", thread) == f"agui:{{{thread}}}:meta"
+        assert notify_channel("agui", thread) == f"agui:{{{thread}}}:notify"
+    assert stream_key("agui", "}abc") == "agui:{ %7Dabc}:events"
+    assert stream_key("agui", "a%}") == "agui:{ a%25%7D}:events"
+
+
+async def test_the_listing_reads_names_back_and_skips_other_layouts(
+    redis_server: RedisServer,
+) -> None:
+    base = f"tl{uuid.uuid4().hex[:8]}"
+    glob = RedisStore(redis_server.url, prefix=f"{base}*")
+    other = RedisStore(redis_server.url, prefix=f"{base}x")
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        names = ["}", "}{", "{}", "a{b}c", "%7D", "plain"]
+        for name in names:
+            await glob.append(name, [item(1)])
+        # Keys of a name with `}` as they were named before tags were escaped:
+        # nobody's (the thread's keys are elsewhere), so not listed.
+        await raw.xadd(f"{base}*:{{a}}b}}:events", {"event": encode_event_data({}), "id": "x"})
+        await other.append("elsewhere", [item(1)])
+        # `*` in a prefix is no wildcard: the other prefix's thread is not listed.
+        assert await glob.threads() == sorted(names)
+        assert await other.threads() == ["elsewhere"]
+    finally:
+        await raw.aclose()
+        await glob.close()
+        await other.close()

@@ -275,14 +275,52 @@ async def test_threads_and_delete(make_store: StoreFactory) -> None:
     assert await store.threads() == ["b", "thread/with:odd{chars}"]
 
 
+# Names whose `}` would end a Redis Cluster hash tag early (`}abc`: an empty tag, each
+# key in its own slot), and names that look like the escaped form of another.
+BRACE_NAMES = ["}", "{", "}{", "{}", "}abc", "a{b}c", "a}b", "%7D", "%7D}%25"]
+
+
+async def names_round_trip(store: ThreadStore, names: list[str]) -> None:
+    """Every operation of the contract on each of *names*, in a store that holds nothing else."""
+    for name in names:
+        offsets = await store.append(name, [item(1), item(2)])
+        assert await store.append(name, [item(2)]) == offsets[1:], name  # its ids hash
+        assert deltas(await store.read(name)) == ["d1", "d2"], name
+        async with store.subscribe(name, after=offsets[0]) as feed:
+            task = asyncio.create_task(collect(feed, 2))
+            await asyncio.sleep(0.05)
+            conditional = Expected(after=offsets[1], epoch=await store.epoch(name))
+            offsets += await store.append(name, [item(3)], expect=conditional)
+            got = await asyncio.wait_for(task, 10 * TIMEOUT_SCALE)
+        assert deltas(got) == ["d2", "d3"], name
+        info = await store.info(name)
+        assert info is not None and info.thread == name and info.length == 3, (name, info)
+        epoch = info.epoch
+        await store.put_checkpoint(name, Checkpoint(offsets[1], epoch, b"\x90", complete=True))
+        assert await store.get_checkpoint(name) == Checkpoint(offsets[1], epoch, b"\x90", True)
+    assert await store.threads() == sorted(names)  # the listing reads the names back
+    for name in names:
+        assert await store.delete(name) is True, name
+        assert await store.epoch(name) is None and await store.read(name) == [], name
+        assert await store.get_checkpoint(name) is None, name
+    assert await store.threads() == []
+
+
+async def test_names_with_braces_are_threads_like_any(make_store: StoreFactory) -> None:
+    await names_round_trip(await make_store(), [*BRACE_NAMES, "plain", "tenant/x"])
+
+
 async def test_bad_arguments(make_store: StoreFactory) -> None:
     store = await make_store()
     with pytest.raises(InvalidOffset, match="expected '<ms>-<seq>'"):
         await store.read("t", after="12")
     with pytest.raises(InvalidEvent, match="thread name"):
         await store.append("", [item(1)])
-    with pytest.raises(InvalidEvent, match="control characters"):
-        await store.read("a\nb")
+    for thread in ("a\nb", "a\x7fb", "csi\x9b2J", "nel\x85x"):  # C0, DEL, C1
+        with pytest.raises(InvalidEvent, match="control characters"):
+            await store.read(thread)
+        with pytest.raises(InvalidEvent, match="control characters"):
+            await store.append(thread, [item(1)])
     with pytest.raises(InvalidOffset):
         store.subscribe("t", after="nope")
 

@@ -328,6 +328,10 @@ BAD_COMMANDS: list[tuple[dict[str, Any], str]] = [
     ({"type": "subscribe", "thread": "x" * 257}, "thread"),
     ({"type": "subscribe", "thread": "a\nb"}, "thread"),
     ({"type": "subscribe", "thread": "a\x7fb"}, "thread"),
+    # C1 controls, refused like C0 and DEL: U+009B is a terminal's CSI, U+0085 NEL
+    ({"type": "subscribe", "thread": "csi\x9b2J"}, "control characters"),
+    ({"type": "publish", "thread": "nel\x85x", "events": [{"type": "CUSTOM"}]}, "control"),
+    ({"type": "unsubscribe", "thread": "a\x80b"}, "control characters"),
     # whitespace around the name, or nothing but whitespace
     ({"type": "subscribe", "thread": "demo "}, "begins or ends with whitespace"),
     ({"type": "subscribe", "thread": " demo"}, "begins or ends with whitespace"),

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -67,6 +68,7 @@ from .keys import (
     notify_channel,
     stream_key,
     tenant_key,
+    thread_of_tag,
 )
 from .live import OUTAGE_GRACE, LiveReader, LiveSource
 from .pages import Page, ThreadPages
@@ -90,6 +92,8 @@ __all__ = [
     "stream_key",
     "tenant_key",
 ]
+
+_GLOB_SPECIAL = re.compile(r"[\\*?\[\]]")  # what SCAN MATCH reads as a pattern
 
 READ_PAGE = 5000
 """Entries per round trip of :meth:`RedisStore.read` and ``read_available``."""
@@ -382,20 +386,27 @@ class RedisStore:
         )
 
     async def threads(self, limit: int = 1000) -> list[str]:
-        pattern = f"{self.prefix}:{{*}}:events"
+        # The prefix is matched as it is: a `*` or `[` in it is no wildcard.
+        pattern = _GLOB_SPECIAL.sub(r"\\\g<0>", self.prefix) + ":{*}:events"
         head, tail = len(self.prefix) + 2, len("}:events")
         found: set[str] = set()
+
+        def add(keys: Iterable[Any]) -> None:
+            for key in keys:
+                # Keys are named by the thread's tag: read the id back from it.
+                thread = thread_of_tag(text(key)[head:-tail])
+                if thread is not None:
+                    found.add(thread)
+
         if self._calls.cluster is not None:
-            for key in await self._calls.call(self._calls.cluster.scan(pattern, limit)):
-                found.add(text(key)[head:-tail])
+            add(await self._calls.call(self._calls.cluster.scan(pattern, limit)))
             return sorted(found)[:limit]
         cursor: Any = 0
         while True:
             cursor, keys = await self._calls.call(
                 self._client.scan(cursor, match=pattern, count=1000, _type="stream")
             )
-            for key in keys:
-                found.add(text(key)[head:-tail])
+            add(keys)
             if not cursor or len(found) >= limit:
                 break
         return sorted(found)[:limit]

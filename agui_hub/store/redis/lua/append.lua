@@ -9,10 +9,10 @@
 -- snapshot) gives the thread a new epoch (or rebuilds its ids): nothing rewinds
 -- silently. Key layout and entry format: agui_hub/store/redis/keys.py.
 --
--- KEYS[1] stream      <prefix>:{<thread>}:events
--- KEYS[2] meta        <prefix>:{<thread>}:meta
--- KEYS[3] ids         <prefix>:{<thread>}:ids
--- KEYS[4] checkpoint  <prefix>:{<thread>}:checkpoint
+-- KEYS[1] stream      <prefix>:{<tag>}:events (<tag>: thread_tag below)
+-- KEYS[2] meta        <prefix>:{<tag>}:meta
+-- KEYS[3] ids         <prefix>:{<tag>}:ids
+-- KEYS[4] checkpoint  <prefix>:{<tag>}:checkpoint
 -- KEYS[5] tenant      <prefix>:tenant:{<tenant>}, the set of the tenant's threads
 --                     (on Redis Cluster the meta key stands in: touched only
 --                     when max_tenant_threads is set, which a cluster refuses)
@@ -20,7 +20,7 @@
 -- ARGV[2]  max_len (entries; 0: off)
 -- ARGV[3]  max_age_ms (0: off)
 -- ARGV[4]  ttl_ms (idle time before the thread's keys expire; 0: never)
--- ARGV[5]  notify channel, <prefix>:{<thread>}:notify
+-- ARGV[5]  notify channel, <prefix>:{<tag>}:notify
 -- ARGV[6]  n, the number of events
 -- ARGV[7]  expected after: the offset the caller read last ("": unconditional)
 -- ARGV[8]  expected epoch ("": none, a new thread)
@@ -57,6 +57,16 @@ local function cmp(a, b)
   local c = cmp_part(a_ms, b_ms)
   if c ~= 0 then return c end
   return cmp_part(a_seq, b_seq)
+end
+
+-- A thread's hash tag, as agui_hub/store/redis/keys.py thread_tag makes it:
+-- the id itself unless it has a '}', else a space and the id with '%' written
+-- '%25' and '}' written '%7D' (the tenant set holds ids, its prune needs keys).
+local function thread_tag(thread)
+  if not string.find(thread, '}', 1, true) then return thread end
+  local escaped = string.gsub(thread, '%%', '%%25')
+  escaped = string.gsub(escaped, '}', '%%7D')
+  return ' ' .. escaped
 end
 
 local stream, meta, ids, checkpoint = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -187,7 +197,7 @@ if max_threads > 0 and (not epoch or not last)
     -- quota: a client that keeps trying at its limit costs Redis little, and
     -- repeated tries find every expired thread (small quotas: at once).
     for _, member in ipairs(redis.call('SRANDMEMBER', tenant, PRUNE_SAMPLE)) do
-      if redis.call('EXISTS', prefix .. ':{' .. member .. '}:events') == 0 then
+      if redis.call('EXISTS', prefix .. ':{' .. thread_tag(member) .. '}:events') == 0 then
         redis.call('SREM', tenant, member)
       end
     end

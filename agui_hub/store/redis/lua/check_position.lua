@@ -6,13 +6,13 @@
 -- snapshot, a replica promoted): the thread gets a new epoch, announced on its
 -- channel, so that its readers resync.
 --
--- KEYS[1] stream      <prefix>:{<thread>}:events
--- KEYS[2] meta        <prefix>:{<thread>}:meta
--- KEYS[3] checkpoint  <prefix>:{<thread>}:checkpoint
+-- KEYS[1] stream      <prefix>:{<tag>}:events (<tag>: keys.py thread_tag)
+-- KEYS[2] meta        <prefix>:{<tag>}:meta
+-- KEYS[3] checkpoint  <prefix>:{<tag>}:checkpoint
 -- ARGV[1] cursor: the offset the reader read last
 -- ARGV[2] the epoch the reader saw
 -- ARGV[3] epoch candidate (random hex: the new epoch if this call makes one)
--- ARGV[4] notify channel, <prefix>:{<thread>}:notify
+-- ARGV[4] notify channel, <prefix>:{<tag>}:notify
 --
 -- Returns {current epoch or "", 1 if it made a new one else 0}.
 --

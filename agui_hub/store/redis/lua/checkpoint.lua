@@ -3,8 +3,8 @@
 -- Writes only for the thread's current epoch and only forward: a slower
 -- gateway never replaces a later checkpoint with an older one.
 --
--- KEYS[1] checkpoint  <prefix>:{<thread>}:checkpoint
--- KEYS[2] meta        <prefix>:{<thread>}:meta
+-- KEYS[1] checkpoint  <prefix>:{<tag>}:checkpoint (<tag>: keys.py thread_tag)
+-- KEYS[2] meta        <prefix>:{<tag>}:meta
 -- ARGV[1] offset the checkpoint is at
 -- ARGV[2] epoch of that offset
 -- ARGV[3] events: msgpack of the folded thread state (Checkpoint.events)

@@ -4,8 +4,8 @@
 -- one MULTI cannot span slots: a batch of threads is read with one call of this
 -- script per thread, in one pipeline.
 --
--- KEYS[1] stream  <prefix>:{<thread>}:events
--- KEYS[2] meta    <prefix>:{<thread>}:meta
+-- KEYS[1] stream  <prefix>:{<tag>}:events (<tag>: keys.py thread_tag)
+-- KEYS[2] meta    <prefix>:{<tag>}:meta
 -- ARGV[1] after: entries after this offset ("": none, only the meta)
 -- ARGV[2] count (0: all)
 --
