@@ -284,7 +284,7 @@ class ThreadState:
 
     # -- rendering ----------------------------------------------------------------
 
-    def compact(self) -> list[dict[str, Any]]:
+    def compact(self, *, share_messages: bool = False) -> list[dict[str, Any]]:
         """Render the state as a short event sequence that folds to an equal state.
 
         Layout: for every run, its RUN_STARTED and (when it ended) its
@@ -295,7 +295,12 @@ class ThreadState:
 
         The sequence shares the state document and activity contents with
         this state (nothing is copied); later events change copies of what
-        they touch, never what was returned.
+        they touch, never what was returned. The messages are copies, since
+        later events change messages in place; pass *share_messages* to get
+        this state's own message dicts instead, when the sequence is encoded
+        before another event is applied (a checkpoint, a snapshot frame): its
+        encoding is the same for a state built by folding events, without a
+        copy of every message.
         """
         self._exposed += 1
         snapshot_at = max(
@@ -303,20 +308,29 @@ class ThreadState:
         )
         out: list[dict[str, Any]] = []
         if snapshot_at < 0:
-            out.extend(self._snapshots())
+            out.extend(self._snapshots(share_messages))
         for i, run in enumerate(self.runs):
             if run.started is not None:
                 out.append(dict(run.started))
             if i == snapshot_at:
-                out.extend(self._snapshots())
+                out.extend(self._snapshots(share_messages))
                 out.extend(self._reopen())
             if run.ended is not None:
                 out.append(dict(run.ended))
         return out
 
-    def _snapshots(self) -> list[dict[str, Any]]:
+    def _snapshots(self, share_messages: bool) -> list[dict[str, Any]]:
+        # A folded message went through own_message (or was built in its
+        # shape), so its copy encodes exactly as it does: sharing it changes
+        # nothing on the wire. (A list assigned to ``messages`` is taken as is.)
+        messages = self.messages
         return [
-            {"type": "MESSAGES_SNAPSHOT", "messages": [own_message(m) for m in self.messages]},
+            {
+                "type": "MESSAGES_SNAPSHOT",
+                "messages": list(messages)
+                if share_messages
+                else [own_message(m) for m in messages],
+            },
             {"type": "STATE_SNAPSHOT", "snapshot": self.state},
         ]
 

@@ -165,7 +165,7 @@ class ThreadChannel:
             self._recent = folded.recent
             self._recent.attach(self.hub.recent_memory)
             self.generation += 1
-            self._checkpoints.restart()
+            self._checkpoints.restart(folded.checkpoint_bytes)
             self._feed = feed
             return
         raise StoreUnavailable(
@@ -350,7 +350,11 @@ class ThreadChannel:
         if frame is None:
             frame = encode_frame(
                 snapshot_frame(
-                    self.thread, self.cursor, self.epoch, self.state.compact(), self.complete
+                    self.thread,
+                    self.cursor,
+                    self.epoch,
+                    self.state.compact(share_messages=True),  # encoded right here
+                    self.complete,
                 ),
                 encoding,
             )

@@ -26,7 +26,8 @@ __all__ = ["CHECKPOINT_EVERY", "CheckpointedChannel", "Checkpointer", "fold_chec
 log = logging.getLogger("agui_hub.hub")
 
 CHECKPOINT_EVERY = 1000
-"""Events between two checkpoints of a live thread's folded state."""
+"""Fewest events between two checkpoints of a live thread's folded state (unless
+retention asks for more often)."""
 
 
 class CheckpointedChannel(Protocol):
@@ -55,27 +56,38 @@ class Checkpointer:
     """Writes the checkpoints of one channel's thread.
 
     Call :meth:`count` for every entry the channel folds; it writes a
-    checkpoint when one is due, often enough that retention (by length or by
-    bytes) never trims past the last one. One write is in flight at a time:
+    checkpoint when one is due: after :data:`CHECKPOINT_EVERY` events once
+    their bytes add up to the size of the last checkpoint, and in any case
+    often enough that retention (by length or by bytes) never trims past the
+    last one. A checkpoint encodes the whole folded state, so a thread with
+    ten thousand messages open would otherwise pay for encoding them all
+    every thousand events, and its cost per delivered event would grow with
+    its state; weighed against the bytes delivered, it stays a small share
+    of them, and a channel that loads the thread folds at most about a
+    checkpoint's worth of events after it. One write is in flight at a time:
     a checkpoint due meanwhile is taken when that write is done, of the
     state of that moment. Call :meth:`restart` when the channel (re)loads
     its thread, :meth:`stop` when it closes.
     """
 
-    __slots__ = ("_bytes_since", "_channel", "_due", "_since", "_store", "_writing")
+    __slots__ = ("_bytes_since", "_channel", "_due", "_since", "_size", "_store", "_writing")
 
     def __init__(self, channel: CheckpointedChannel, store: ThreadStore) -> None:
         self._channel = channel
         self._store = store
         self._since = 0
         self._bytes_since = 0
+        self._size = 0
+        """Bytes of the last checkpoint taken (or loaded)."""
         self._writing: asyncio.Future[None] | None = None
         self._due = False
 
-    def restart(self) -> None:
-        """Count from zero: the channel folded its thread afresh."""
+    def restart(self, size: int = 0) -> None:
+        """Count from zero: the channel folded its thread afresh, from a checkpoint
+        of *size* bytes (0: from none)."""
         self._since = 0
         self._bytes_since = 0
+        self._size = size
 
     def stop(self) -> None:
         """Write no more checkpoints (the one in flight finishes)."""
@@ -86,12 +98,12 @@ class Checkpointer:
         """Count one folded entry of *size* bytes; write a checkpoint if one is due."""
         self._since += 1
         self._bytes_since += size
-        interval = CHECKPOINT_EVERY
         retention = self._store.retention
-        if retention.max_len:
-            interval = min(interval, max(1, retention.max_len // 2))
-        due = self._since >= interval or (
-            retention.max_bytes > 0 and self._bytes_since >= retention.max_bytes // 2
+        due = (
+            (self._since >= CHECKPOINT_EVERY and self._bytes_since >= self._size)
+            # Whatever the size: retention never trims past the last checkpoint.
+            or (retention.max_len > 0 and self._since >= max(1, retention.max_len // 2))
+            or (retention.max_bytes > 0 and self._bytes_since >= retention.max_bytes // 2)
         )
         if not due or self._channel.epoch is None:
             return
@@ -110,10 +122,11 @@ class Checkpointer:
         if channel.epoch is None:
             return None
         try:
-            events = encode_msgpack(channel.state.compact())
+            events = encode_msgpack(channel.state.compact(share_messages=True))
         except ValueError as exc:
             log.warning("thread %s: checkpoint not encoded: %s", channel.thread, exc)
             return None
+        self._size = len(events)
         return Checkpoint(channel.cursor, channel.epoch, events, channel.complete)
 
     async def _write(self, checkpoint: Checkpoint) -> None:

@@ -41,6 +41,8 @@ class FoldedHistory:
     recent: RecentEntries
     """The last entries read, within the bounds asked for (not counted in any
     budget yet); empty when none were asked for."""
+    checkpoint_bytes: int = 0
+    """The size of the checkpoint the fold started from (0: it started from none)."""
 
 
 async def fold_history(
@@ -102,7 +104,8 @@ async def fold_history(
             if len(page.entries) < LOAD_PAGE:
                 break
         if not restart:
-            return FoldedHistory(state, epoch, after, complete, kept)
+            size = len(checkpoint.events) if checkpoint is not None else 0
+            return FoldedHistory(state, epoch, after, complete, kept, size)
     raise StoreUnavailable(
         f"thread {thread!r} was re-created {LOAD_ATTEMPTS} times while being read"
     )
