@@ -45,6 +45,8 @@ rule                         meaning
 ``chunk_missing_id``         a chunk opens a stream (nothing of its kind to continue in its
                              lane, or a new id) without ``messageId`` / ``toolCallId``
 ``chunk_missing_tool_name``  the first TOOL_CALL_CHUNK of a tool call has no ``toolCallName``
+``chunk_invalid_id``         an id or ``subagentRunId`` that is not a string (only an entry
+                             written to the store without validation can carry one)
 ``chunk_field_mismatch``     a continuation repeats ``role``, ``name``, ``toolCallName`` or
                              ``parentMessageId`` with a value other than the opener's
 ``chunk_lane_mismatch``      the chunk's ``subagentRunId`` is not the lane its id is open in
@@ -314,6 +316,17 @@ class ChunkExpander:
 
     def _expand_chunk(self, kind: _Kind, chunk: WireEvent) -> list[WireEvent]:
         entity_id: str | None = chunk.get(kind.id_field)
+        # Validated events always have string ids; an entry a producer wrote to the
+        # store directly may not, and an id that is not a string would be kept as a
+        # lane's key or stream id and break every later snapshot (compact()).
+        for field in (kind.id_field, "subagentRunId"):
+            value = chunk.get(field)
+            if value is not None and not isinstance(value, str):
+                raise self._error(
+                    "chunk_invalid_id",
+                    f"{kind.chunk_type} {field} must be a string, got {type(value).__name__}",
+                    chunk,
+                )
         lane = self._resolve_lane(kind, entity_id, chunk.get("subagentRunId"), chunk)
         current = self._lanes.get(lane)
         out: list[WireEvent] = []

@@ -20,6 +20,7 @@ from agui_hub.agui.events import (
     ToolCallChunkEvent,
     validate_wire,
 )
+from agui_hub.agui.reducer import ThreadState
 from agui_hub.agui.sequence import SequenceVerifier
 from agui_hub.errors import ChunkError, SequenceError
 
@@ -895,3 +896,27 @@ def test_random_chunk_streams_expand_to_a_sequence_the_verifier_accepts(drawn: D
             eid = entity_id(e)
             joined[eid] = joined.get(eid, "") + e["delta"]
     assert joined == drawn.deltas
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": ["m1"], "delta": "x"},
+        {"type": "TOOL_CALL_CHUNK", "toolCallId": {"id": 1}, "toolCallName": "f"},
+        {"type": "REASONING_MESSAGE_CHUNK", "messageId": 7, "delta": "x"},
+        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "m1", "subagentRunId": ["s"]},
+    ],
+)
+def test_an_id_that_is_not_a_string_is_refused_and_leaves_no_stream(chunk: Event) -> None:
+    """Such a chunk can only come from an entry stored without validation; kept as a
+    lane or stream id it broke every later snapshot of the thread."""
+    x = ChunkExpander(thread="th-1")
+    with pytest.raises(ChunkError) as info:
+        x.expand(chunk)
+    assert info.value.rule == "chunk_invalid_id"
+    assert x.open_streams == {}
+    state = ThreadState()
+    state.apply({"type": "RUN_STARTED", "threadId": "th-1", "runId": "r1"})
+    with pytest.raises(ChunkError):
+        state.apply(chunk)
+    assert "MESSAGES_SNAPSHOT" in [e["type"] for e in state.compact()]
