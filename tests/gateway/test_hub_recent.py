@@ -222,7 +222,7 @@ async def test_a_reset_forgets_the_old_epoch_entries() -> None:
     again = await hub.publish("t", OPENING)
     await until(lambda: channel.epoch not in (None, old_epoch), "the reset")
     await until(lambda: channel.cursor == again[-1], "the new epoch relayed")
-    kept = channel._recent.entries[channel._recent.head :]
+    kept = list(channel._recent.entries)
     assert [e.offset for e in kept] == [e.offset for e in await store.read("t")]
     assert hub.recent_bytes == channel._recent.size
     # A resume with the old epoch's offset is not served from memory as if it were this one.

@@ -310,7 +310,7 @@ class ThreadChannel:
         offset = entry.offset
         key = offset_key(offset)
         self.cursor = offset
-        self._recent.add(key, entry)
+        self._recent.add(entry)
         reader.measure(entry)
         self._checkpoints.count(len(entry.data))
         run_id = entry.run_id

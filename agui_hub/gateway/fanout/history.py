@@ -93,7 +93,7 @@ async def fold_history(
                 if not reader.fold(state, entry):
                     complete = False
                 if recent is not None:
-                    kept.add(offset_key(entry.offset), entry)
+                    kept.add(entry)
                 folded += 1
                 if folded % LOAD_PAGE == 0:
                     await asyncio.sleep(0)  # a long fold lets everything else run

@@ -4,20 +4,25 @@ A resume storm (every viewer of a thread reconnecting after a gateway
 restart or a network blip) then reads no store: what each viewer lacks is
 usually among the thread's last entries. Memory is bounded twice: per channel
 (:class:`RecentBounds`, never more than the store itself keeps) and per hub
-(:class:`RecentBudget`, shared by every channel of the process).
+(:class:`RecentBudget`, shared by every channel of the process). Both count
+what an entry really costs in memory
+(:func:`~agui_hub.store.contract.entry_cost`: its data, its ids and about
+320 bytes of objects around them), and an entry that leaves is released at
+once.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
-from ...store.contract import Entry, ThreadStore
+from ...store.contract import Entry, ThreadStore, entry_cost
 from ...wire.offsets import Offset, offset_key
 
 __all__ = [
     "DEFAULT_RECENT_BUDGET",
-    "ENTRY_OVERHEAD",
     "RECENT_BYTES",
     "RECENT_ENTRIES",
     "RecentBounds",
@@ -29,16 +34,19 @@ RECENT_ENTRIES = 1024
 """Most of its latest entries a channel keeps in memory, for members that join
 from an offset or catch up (a resume storm reads no store)."""
 RECENT_BYTES = 512 * 1024
-"""About the most bytes of entries a channel keeps in memory for them."""
+"""About the most bytes of memory a channel's latest entries take
+(:func:`~agui_hub.store.contract.entry_cost` each)."""
 DEFAULT_RECENT_BUDGET = 64 * 1024 * 1024
-"""About the most bytes of recent entries all channels of a hub keep together."""
-ENTRY_OVERHEAD = 128
-"""Bytes an entry held in memory costs beyond its event data (tuple, strings)."""
+"""About the most bytes of memory the latest entries of all channels of a hub take together."""
+
+
+def _entry_key(entry: Entry) -> tuple[int, int]:
+    return offset_key(entry.offset)
 
 
 @dataclass(frozen=True, slots=True)
 class RecentBounds:
-    """How many of its latest entries, and about how many bytes, one channel keeps."""
+    """How many of its latest entries, and about how many bytes of memory, one channel keeps."""
 
     max_entries: int = RECENT_ENTRIES
     max_bytes: int = RECENT_BYTES
@@ -47,7 +55,8 @@ class RecentBounds:
     def for_store(cls, store: ThreadStore) -> RecentBounds:
         """The default bounds, but never more than *store* keeps: a resume from a
         trimmed offset gets the same answer (a snapshot) whether memory or the
-        store serves it."""
+        store serves it. (The store's ``max_bytes`` counts event data, which is
+        less than what the same entries cost here: memory never keeps more.)"""
         retention = getattr(store, "retention", None)
         return cls(
             min(RECENT_ENTRIES, getattr(retention, "max_len", 0) or RECENT_ENTRIES),
@@ -56,7 +65,7 @@ class RecentBounds:
 
 
 class RecentBudget:
-    """The bytes of latest entries all channels of a hub keep, against their limit."""
+    """The bytes of memory the latest entries of all channels of a hub take, against their limit."""
 
     __slots__ = ("limit", "used")
 
@@ -64,12 +73,12 @@ class RecentBudget:
         self.limit = limit
         """About the most bytes the channels may keep together."""
         self.used = 0
-        """Bytes they keep now."""
+        """Bytes they keep now (:func:`~agui_hub.store.contract.entry_cost` each)."""
 
 
 class RecentEntries:
     """A channel's latest entries, contiguous: every entry after :attr:`start`
-    up to the channel's cursor, oldest first (a deque that can be bisected).
+    up to the channel's cursor, oldest first.
 
     A window being built (a channel's load) counts against its own bounds
     only; :meth:`attach` it to the hub's budget when the channel adopts it,
@@ -77,30 +86,29 @@ class RecentEntries:
     counts what the channels keep now.
     """
 
-    __slots__ = ("_budget", "bounds", "entries", "head", "keys", "size", "start", "start_key")
+    __slots__ = ("_budget", "bounds", "entries", "size", "start")
 
     def __init__(
         self, start: Offset, bounds: RecentBounds, budget: RecentBudget | None = None
     ) -> None:
         self.bounds = bounds
-        self.keys: list[tuple[int, int]] = []
-        self.entries: list[Entry] = []
-        self.head = 0
-        """Index of the oldest entry kept (those before it are dropped)."""
+        # A deque, not a list with a moving head: an entry that leaves is
+        # released at once, not when the list is next compacted. No sort keys
+        # are kept beside them (a tuple and an int, about 100 bytes an entry):
+        # :meth:`after` computes the few it bisects with.
+        self.entries: deque[Entry] = deque()
         self.size = 0
+        """Bytes of memory the entries take (:func:`~agui_hub.store.contract.entry_cost`)."""
         self.start = start
         """The offset right before the oldest entry kept (the cursor when empty)."""
-        self.start_key = offset_key(start)
         self._budget = budget
 
     def __len__(self) -> int:
-        return len(self.keys) - self.head
+        return len(self.entries)
 
-    def add(self, key: tuple[int, int], entry: Entry) -> None:
-        """Keep *entry* (whose offset's sort key is *key*), the newest; drop the
-        oldest ones past the bounds and the budget."""
-        size = len(entry.data) + ENTRY_OVERHEAD
-        self.keys.append(key)
+    def add(self, entry: Entry) -> None:
+        """Keep *entry*, the newest; drop the oldest ones past the bounds and the budget."""
+        size = entry_cost(entry)
         self.entries.append(entry)
         self.size += size
         if self._budget is not None:
@@ -108,10 +116,15 @@ class RecentEntries:
         self.trim()
 
     def after(self, key: tuple[int, int]) -> list[Entry] | None:
-        """Every entry after *key* up to the cursor, or ``None`` when some are not kept."""
-        if key < self.start_key:
+        """Every entry after *key* (an offset's sort key) up to the cursor, or
+        ``None`` when some are not kept."""
+        if key < offset_key(self.start):
             return None
-        return self.entries[bisect_right(self.keys, key, self.head) :]
+        entries = self.entries
+        # Bisecting a deque indexes it about 10 times (each a walk of at most
+        # len/64 blocks); a resume is served in microseconds.
+        first = bisect_right(entries, key, key=_entry_key)
+        return list(islice(entries, first, None))
 
     def attach(self, budget: RecentBudget) -> None:
         """Count this window in *budget* from now on (and trim it to fit)."""
@@ -127,24 +140,15 @@ class RecentEntries:
 
     def trim(self) -> None:
         """Keep the latest entries within the bounds and the budget."""
-        bounds, budget = self.bounds, self._budget
-        while len(self) and (
-            len(self) > bounds.max_entries
+        bounds, budget, entries = self.bounds, self._budget, self.entries
+        while entries and (
+            len(entries) > bounds.max_entries
             or self.size > bounds.max_bytes
             or (budget is not None and budget.used > budget.limit)
         ):
-            size = self._drop_oldest()
+            entry = entries.popleft()
+            self.start = entry.offset
+            size = entry_cost(entry)
+            self.size -= size
             if budget is not None:
                 budget.used -= size
-
-    def _drop_oldest(self) -> int:
-        """Forget the oldest entry; the bytes it was counted for."""
-        entry = self.entries[self.head]
-        self.start, self.start_key = entry.offset, self.keys[self.head]
-        self.head += 1
-        if self.head > 64 and self.head * 2 > len(self.keys):
-            del self.keys[: self.head], self.entries[: self.head]
-            self.head = 0
-        size = len(entry.data) + ENTRY_OVERHEAD
-        self.size -= size
-        return size
