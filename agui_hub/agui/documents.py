@@ -17,9 +17,11 @@ from .events import EventType
 from .messages import WireEvent, input_messages, snapshot_keeps
 from .patch import (
     DEFAULT_LIMITS,
+    FOLD_WORK_FACTOR,
     Document,
     StateLimits,
     UndoLog,
+    WorkBudget,
     adopted_document,
     apply_patch,
     snapshot_document,
@@ -93,11 +95,13 @@ class StateDocuments:
         found = self._activities.get(message_id)
         return None if found is None else found.doc.root
 
-    def apply(self, event: WireEvent) -> None:
+    def apply(self, event: WireEvent, work: WorkBudget | None = None) -> None:
         """Fold one (valid) wire event; raise as ThreadState.apply would, changing nothing.
 
         Raises :class:`~agui_hub.errors.PatchError`,
-        :class:`~agui_hub.errors.LimitExceeded`, or
+        :class:`~agui_hub.errors.LimitExceeded` (also when a delta costs more
+        than *work* has left: share one budget between the events of a
+        publish; without one, the event gets ``limits.max_work``), or
         :class:`~agui_hub.errors.InvalidEvent` for a malformed event.
         """
         if not isinstance(event, Mapping):
@@ -105,9 +109,11 @@ class StateDocuments:
         handler = _DOC_HANDLERS.get(event.get("type"))  # type: ignore[arg-type]
         if handler is None:
             return
+        if work is None:
+            work = WorkBudget(self.limits.max_work)
         undo = UndoLog()
         try:
-            handler(self, event, undo)
+            handler(self, event, undo, work)
         except ProtocolError:
             undo.rollback()
             raise
@@ -121,9 +127,11 @@ class StateDocuments:
             self._txn.append(undo)
 
     def fold(self, event: Any) -> bool:
-        """Fold an event that is stored already: one that does not apply is skipped (``False``)."""
+        """Fold an event that is stored already: one that does not apply, or that
+        costs more than ``FOLD_WORK_FACTOR * limits.max_work``, is skipped
+        (``False``), as a gateway's fold skips it."""
         try:
-            self.apply(event)
+            self.apply(event, WorkBudget(FOLD_WORK_FACTOR * self.limits.max_work))
         except ProtocolError:
             return False
         return True
@@ -163,20 +171,22 @@ class StateDocuments:
         self._activity_bytes -= old.doc.size
 
 
-def _doc_state_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
+def _doc_state_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget) -> None:
     doc = snapshot_document(e["snapshot"], d.limits, "STATE_SNAPSHOT", "the state")
     undo.attr(d, "_state")
     undo.attr(d, "known")
     d._state, d.known = doc, True
 
 
-def _doc_state_delta(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
+def _doc_state_delta(d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget) -> None:
     delta = e["delta"]
     if d.known:
-        apply_patch(d._state, delta, d.limits, undo, "STATE_DELTA", "the state")
+        apply_patch(d._state, delta, d.limits, undo, "STATE_DELTA", "the state", work)
 
 
-def _doc_activity_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
+def _doc_activity_snapshot(
+    d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget
+) -> None:
     message_id, activity_type, content = e["messageId"], e["activityType"], e["content"]
     if message_id in d._activities and not e.get("replace", True):
         return
@@ -184,7 +194,7 @@ def _doc_activity_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog) -> No
     d._set_activity(message_id, activity_type, doc, undo)
 
 
-def _doc_activity_delta(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
+def _doc_activity_delta(d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget) -> None:
     patch, activity_type = e["patch"], e["activityType"]
     activity = d._activities.get(e["messageId"])
     if activity is None:
@@ -195,12 +205,14 @@ def _doc_activity_delta(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
     before = activity.doc.size
     if not activity.doc.root:
         activity.doc = Document({}, 2)  # as ThreadState: a patch of a missing content patches {}
-    apply_patch(activity.doc, patch, d.limits, undo, "ACTIVITY_DELTA", "the activity content")
+    apply_patch(activity.doc, patch, d.limits, undo, "ACTIVITY_DELTA", "the activity content", work)
     d._activity_bytes += activity.doc.size - before
     activity.type = activity_type
 
 
-def _doc_messages_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
+def _doc_messages_snapshot(
+    d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget
+) -> None:
     incoming = e["messages"]
     by_id = {m["id"]: m for m in incoming}
     preserved = snapshot_keeps(e, incoming)
@@ -221,7 +233,7 @@ def _doc_messages_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog) -> No
             d._set_activity(message_id, message.get("activityType"), doc, undo)
 
 
-def _doc_run_started(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
+def _doc_run_started(d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget) -> None:
     for message in input_messages(e):
         message_id = message.get("id")
         if message.get("role") == "activity" and message_id not in d._activities:
@@ -229,7 +241,7 @@ def _doc_run_started(d: StateDocuments, e: WireEvent, undo: UndoLog) -> None:
             d._set_activity(message_id, message.get("activityType"), doc, undo)
 
 
-_DOC_HANDLERS: dict[str, Callable[[StateDocuments, WireEvent, UndoLog], None]] = {
+_DOC_HANDLERS: dict[str, Callable[[StateDocuments, WireEvent, UndoLog, WorkBudget], None]] = {
     EventType.STATE_SNAPSHOT: _doc_state_snapshot,
     EventType.STATE_DELTA: _doc_state_delta,
     EventType.ACTIVITY_SNAPSHOT: _doc_activity_snapshot,

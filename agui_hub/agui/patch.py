@@ -10,7 +10,9 @@ checked per operation without walking the whole document.
   document is exactly as before (key order included). Its cost is that of
   the operations, not of the document: a patch may walk at most twice
   ``max_bytes`` of the document it changes (measuring what it removes or
-  copies).
+  copies), and the work it does on what the document holds already (see
+  :class:`WorkBudget`) is charged to a budget, which a writer shares between
+  the events of one publish.
 * :func:`snapshot_document` makes a document of a value an event brings whole
   (STATE_SNAPSHOT, ACTIVITY_SNAPSHOT), refusing one past the limits;
   :func:`adopted_document` one of a value that is already in the state,
@@ -45,9 +47,12 @@ from ..errors import LimitExceeded, PatchError
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "FOLD_WORK_FACTOR",
+    "YIELD_WORK",
     "Document",
     "StateLimits",
     "UndoLog",
+    "WorkBudget",
     "adopted_document",
     "apply_patch",
     "snapshot_document",
@@ -70,9 +75,16 @@ class StateLimits:
     """Largest approximate encoded size, in bytes, of the state document, and of
     each activity message's content. A JSON Patch may also walk at most twice
     this much of the document it changes (measuring what it removes or copies)."""
+    max_work: int = 50_000
+    """Work units (see :class:`WorkBudget`) the STATE_DELTA and ACTIVITY_DELTA
+    events of one publish may spend on what the documents hold already:
+    measuring what they copy, remove, replace or move, copying containers along
+    the paths they change, shifting array items. About 15 ms of CPU on a slow
+    core (docs/security.md). A fold of stored events allows one event
+    :data:`FOLD_WORK_FACTOR` times this."""
 
     def __post_init__(self) -> None:
-        if self.max_depth < 1 or self.max_bytes < 1:
+        if self.max_depth < 1 or self.max_bytes < 1 or self.max_work < 1:
             raise ValueError("state limits must be at least 1")
 
 
@@ -119,6 +131,81 @@ class _Meter:
 
     def __init__(self, left: int) -> None:
         self.left = left
+
+
+FOLD_WORK_FACTOR = 2
+"""A fold of events that are stored already (a viewer's state, a writer catching
+up) allows each event this many times :attr:`StateLimits.max_work`: what a
+writer accepted is folded (a fold may copy a little more than the writer did,
+after it handed its documents out), and what it could not afford (an event
+stored by another producer) is given up on rather than stall the fold."""
+
+YIELD_WORK = 10_000
+"""Work units after which a caller folding or judging many events lets other
+tasks run (a few milliseconds): a publish of many costly deltas then holds an
+event loop for one event at a time, not for all of them."""
+
+# What the work of a patch costs, in work units: one unit is about one array
+# item visited by the measuring walk (~0.3 us of CPU, bench/bench_budget.py
+# --calibrate); an object's entry costs two (its key too), entering a
+# container four (a frame of the walk); C-level copies and shifts of
+# container slots are far cheaper per slot, rebuilding a dict's key order
+# (to roll back a removal) dearer per key.
+_W_ITEM = 1
+_W_ENTRY = 2
+_W_CONTAINER = 4
+_COPY_SLOTS = 16
+"""Slots of a dict or list copied per work unit."""
+_SHIFT_SLOTS = 256
+"""Array items shifted by an insert or a removal per work unit."""
+_W_ORDER_KEY = 3
+"""Work units per key of a dict whose key order is saved (rebuilt on a rollback)."""
+
+
+class WorkBudget:
+    """The work a publish (or one folded event) may still do on state documents.
+
+    Work is counted in units, each about one JSON value visited (~0.3 us of
+    CPU on a slow core): measuring a value that is in the document already
+    (the source of a ``copy``, what ``remove`` and ``replace`` take away, a
+    value moved deeper) costs one unit per array item, two per object entry
+    and four per container entered; copying a container along a patched path
+    costs one unit per 16 slots, shifting array items (an insert or a removal
+    before the end) one per 256 items, and removing an object's key other
+    than its last costs three per key of the object (its key order is saved,
+    to be rebuilt if the event is rolled back). Values an event brings itself cost
+    nothing here: they are bounded by the event's size. The cost of each step
+    is charged before the step (a walk is charged value by value and stops
+    as soon as the budget is spent), so an event past the budget costs at
+    most the budget.
+
+    Share one budget between the events of one publish (the writer does),
+    or give each event its own (a fold). :attr:`spent` is what was charged
+    over every :meth:`restart`: what a connection's rate counts.
+    """
+
+    __slots__ = ("left", "limit", "spent")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+        self.spent = 0
+        """Units charged since this budget was made (restarts included)."""
+
+    def restart(self) -> None:
+        """Give the whole budget again (the same events judged afresh);
+        :attr:`spent` keeps counting."""
+        self.left = self.limit
+
+    def charge(self, units: int) -> None:
+        """Charge *units* about to be spent; raises ``_Over("max_work")`` when
+        they are more than what is left (nothing is charged past it)."""
+        if units > self.left:
+            self.spent += max(self.left, 0)
+            self.left = -1
+            raise _Over("max_work")
+        self.left -= units
+        self.spent += units
 
 
 # Undo records: (kind, target, key, old value)
@@ -208,6 +295,7 @@ def _measure(
     max_height: int | None,
     meter: _Meter | None = None,
     owned: set[int] | None = None,
+    work: WorkBudget | None = None,
 ) -> tuple[int, int]:
     """(approximate encoded size, height) of *value*; a scalar has height 0,
     a container one more than its highest item.
@@ -215,7 +303,9 @@ def _measure(
     Raises ``_Over("max_bytes")`` as soon as the size exceeds *room*,
     ``_Over("max_depth")`` as soon as the height would exceed *max_height*
     (``None``: no bound), ``_Over("work")`` when the walk costs more than
-    *meter* has left. The id of every container walked is dropped from
+    *meter* has left, ``_Over("max_work")`` as soon as the values visited cost
+    more than *work* has left (a value of the document, not of the event).
+    The id of every container walked is dropped from
     *owned*: the value is shared from now on. A value that holds the same
     container several times (a document made by ``copy``) is walked once per
     container, and counted as often as it occurs.
@@ -224,62 +314,84 @@ def _measure(
         size = _scalar_size(value)
         if size > room:
             raise _Over("max_bytes")
+        if work is not None:
+            work.charge(_W_ITEM)
         return size, 0
     if max_height is not None and max_height < 1:
         raise _Over("max_depth")
-    memo: dict[int, tuple[int, int]] = {}
-    shared = 0  # bytes counted from memo, not walked
-    total = 2
-    stack: list[list[Any]] = [_frame(value, 0)]
-    if owned is not None:
-        owned.discard(id(value))
-    while stack:
-        top = stack[-1]
-        items, is_dict = top[1], top[2]
-        entered = False
-        for item in items:
-            if is_dict:
-                key, child = item
-                total += (len(key) if isinstance(key, str) else 8) + 4
-            else:
-                child = item
-                total += 1
-            if isinstance(child, dict | list):
-                known = memo.get(id(child))
-                if known is not None:
-                    total += known[0]
-                    shared += known[0]
-                    if known[1] > top[4]:
-                        top[4] = known[1]
-                    if max_height is not None and len(stack) + known[1] > max_height:
-                        raise _Over("max_depth")
+    # Work is counted in a local and charged once, or as soon as it would
+    # exceed what is left: one comparison per value.
+    affordable = work.left if work is not None else math.inf
+    steps = _W_CONTAINER
+    if steps > affordable:
+        assert work is not None
+        work.charge(steps)
+    try:
+        memo: dict[int, tuple[int, int]] = {}
+        shared = 0  # bytes counted from memo, not walked
+        total = 2
+        stack: list[list[Any]] = [_frame(value, 0)]
+        if owned is not None:
+            owned.discard(id(value))
+        while stack:
+            top = stack[-1]
+            items, is_dict = top[1], top[2]
+            entered = False
+            for item in items:
+                if is_dict:
+                    key, child = item
+                    total += (len(key) if isinstance(key, str) else 8) + 4
+                    steps += _W_ENTRY
                 else:
-                    if max_height is not None and len(stack) >= max_height:
-                        raise _Over("max_depth")
-                    if owned is not None:
-                        owned.discard(id(child))
-                    stack.append(_frame(child, total))
-                    total += 2
-                    entered = True
-            else:
-                total += _scalar_size(child)
-            if total > room:
-                raise _Over("max_bytes")
+                    child = item
+                    total += 1
+                    steps += _W_ITEM
+                if isinstance(child, dict | list):
+                    known = memo.get(id(child))
+                    if known is not None:
+                        total += known[0]
+                        shared += known[0]
+                        if known[1] > top[4]:
+                            top[4] = known[1]
+                        if max_height is not None and len(stack) + known[1] > max_height:
+                            raise _Over("max_depth")
+                    else:
+                        if max_height is not None and len(stack) >= max_height:
+                            raise _Over("max_depth")
+                        if owned is not None:
+                            owned.discard(id(child))
+                        stack.append(_frame(child, total))
+                        total += 2
+                        steps += _W_CONTAINER
+                        entered = True
+                else:
+                    total += _scalar_size(child)
+                if total > room:
+                    raise _Over("max_bytes")
+                if steps > affordable:
+                    assert work is not None
+                    work.charge(steps)  # raises: more than what is left
+                if entered:
+                    break
             if entered:
-                break
-        if entered:
-            if meter is not None and total - shared > meter.left:
+                if meter is not None and total - shared > meter.left:
+                    raise _Over("work")
+                continue
+            stack.pop()
+            height = top[4] + 1
+            memo[id(top[0])] = (total - top[3], height)
+            if stack and height > stack[-1][4]:
+                stack[-1][4] = height
+        if meter is not None:
+            meter.left -= total - shared
+            if meter.left < 0:
                 raise _Over("work")
-            continue
-        stack.pop()
-        height = top[4] + 1
-        memo[id(top[0])] = (total - top[3], height)
-        if stack and height > stack[-1][4]:
-            stack[-1][4] = height
-    if meter is not None:
-        meter.left -= total - shared
-        if meter.left < 0:
-            raise _Over("work")
+    except _Over:
+        if work is not None and work.left >= 0:
+            work.spent += steps  # a refused walk costs the connection's rate all the same
+        raise
+    if work is not None:
+        work.charge(steps)
     return total, memo[id(value)][1]
 
 
@@ -350,13 +462,14 @@ def _index(tokens: tuple[str, ...], length: int, *, end: bool) -> int:
 class _Patcher:
     """Applies the operations of one JSON Patch to a document (see above)."""
 
-    __slots__ = ("doc", "limits", "meter", "undo")
+    __slots__ = ("doc", "limits", "meter", "undo", "work")
 
-    def __init__(self, doc: Document, limits: StateLimits, undo: UndoLog) -> None:
+    def __init__(self, doc: Document, limits: StateLimits, undo: UndoLog, work: WorkBudget) -> None:
         self.doc = doc
         self.limits = limits
         self.undo = undo
         self.meter = _Meter(2 * limits.max_bytes)
+        self.work = work
 
     def apply(self, patch: Any) -> None:
         if not isinstance(patch, list):
@@ -371,7 +484,7 @@ class _Patcher:
             try:
                 path = _pointer(op.get("path"), "path")
                 if name == "add":
-                    self._put(path, self._value(op), move_from=None)
+                    self._put(path, self._value(op), move_from=None, existing=False)
                 elif name == "remove":
                     self._remove(path, measure=True)
                 elif name == "replace":
@@ -383,10 +496,11 @@ class _Patcher:
                     if path == source:
                         self._get(source)
                         continue
-                    self._put(path, self._remove(source, measure=False), move_from=source)
+                    moved = self._remove(source, measure=False)
+                    self._put(path, moved, move_from=source, existing=True)
                 elif name == "copy":
                     source = _pointer(op.get("from"), "from")
-                    self._put(path, self._get(source), move_from=None)
+                    self._put(path, self._get(source), move_from=None, existing=True)
                 elif name == "test":
                     if not _json_equal(self._get(path), self._value(op)):
                         raise _Fail(f"test failed: the value at {op.get('path')!r} differs")
@@ -421,7 +535,9 @@ class _Patcher:
         node = doc.root
         if not isinstance(node, dict | list):
             raise _Fail("the document is not an object or array")
+        work = self.work
         if id(node) not in owned:
+            work.charge(1 + len(node) // _COPY_SLOTS)
             node = dict(node) if isinstance(node, dict) else list(node)
             owned.add(id(node))
             doc.root = node  # the undo log holds the root already
@@ -438,6 +554,7 @@ class _Patcher:
             if not isinstance(child, dict | list):
                 raise _Fail(f"{_render(tokens[:depth])} is not an object or array")
             if id(child) not in owned:
+                work.charge(1 + len(child) // _COPY_SLOTS)
                 child = dict(child) if isinstance(child, dict) else list(child)
                 owned.add(id(child))
                 undo.log.append((_U_SET, node, key, node[key]))
@@ -446,20 +563,34 @@ class _Patcher:
         return node
 
     def _old_size(self, value: Any) -> int:
-        return _measure(value, math.inf, None, self.meter)[0]
+        return _measure(value, math.inf, None, self.meter, work=self.work)[0]
 
-    def _put(self, tokens: tuple[str, ...], value: Any, move_from: tuple[str, ...] | None) -> None:
-        """add (and the second half of move and copy)."""
+    def _put(
+        self,
+        tokens: tuple[str, ...],
+        value: Any,
+        move_from: tuple[str, ...] | None,
+        *,
+        existing: bool,
+    ) -> None:
+        """add (and the second half of move and copy); *existing*: the value is
+        the document's (moved, copied), and measuring it is work."""
         doc, limits = self.doc, self.limits
+        work = self.work if existing else None
         if move_from is None:
             # Measured first: this also makes the value (a copy's source) shared.
             size, _ = _measure(
-                value, limits.max_bytes, limits.max_depth - len(tokens), self.meter, doc.owned
+                value,
+                limits.max_bytes,
+                limits.max_depth - len(tokens),
+                self.meter,
+                doc.owned,
+                work,
             )
         else:
             size = 0  # moved: the size of the document changes only by the keys
             if len(tokens) > len(move_from):
-                _measure(value, math.inf, limits.max_depth - len(tokens), self.meter)
+                _measure(value, math.inf, limits.max_depth - len(tokens), self.meter, work=work)
         if not tokens:
             doc.root = value
             doc.size = size if move_from is None else self._old_size(value)
@@ -477,6 +608,7 @@ class _Patcher:
                 parent[last] = value
             elif isinstance(parent, list):
                 index = _index(tokens, len(parent), end=True)
+                self.work.charge((len(parent) - index) // _SHIFT_SLOTS)
                 parent.insert(index, value)
                 self.undo.log.append((_U_INSERT, parent, index, None))
                 doc.size += 1 + size
@@ -496,12 +628,15 @@ class _Patcher:
             if old is _MISSING:
                 raise _Fail(f"{_render(tokens)} does not exist")
             if next(reversed(parent)) != last and id(parent) not in self.undo.orders:
+                # Saved to roll back, and rebuilt key by key if it is.
+                self.work.charge(_W_ORDER_KEY * len(parent))
                 self.undo.orders[id(parent)] = (parent, list(parent))
             del parent[last]
             self.undo.log.append((_U_DELKEY, parent, last, old))
             doc.size -= len(last) + 4
         elif isinstance(parent, list):
             index = _index(tokens, len(parent), end=False)
+            self.work.charge((len(parent) - index) // _SHIFT_SLOTS)
             old = parent.pop(index)
             self.undo.log.append((_U_POP, parent, index, old))
             doc.size -= 1
@@ -545,6 +680,14 @@ def _limit_error(over: _Over, limits: StateLimits, what: str, where: str) -> Lim
             limit="max_depth",
             value=limits.max_depth,
         )
+    if kind == "max_work":
+        return LimitExceeded(
+            f"{what} would take more work than max_work={limits.max_work} units on {where} "
+            "(one publish's copies, removals, replacements and moves of values it holds "
+            "already; the gateway's --state-max-work)",
+            limit="max_work",
+            value=limits.max_work,
+        )
     if kind == "work":
         return LimitExceeded(
             f"{what} walks more than twice max_bytes={limits.max_bytes} of {where} "
@@ -561,18 +704,28 @@ def _limit_error(over: _Over, limits: StateLimits, what: str, where: str) -> Lim
 
 
 def apply_patch(
-    doc: Document, patch: Any, limits: StateLimits, undo: UndoLog, what: str, where: str
+    doc: Document,
+    patch: Any,
+    limits: StateLimits,
+    undo: UndoLog,
+    what: str,
+    where: str,
+    work: WorkBudget | None = None,
 ) -> None:
     """Apply *patch* to *doc* in place, logging every change into *undo*.
 
     Raises :class:`~agui_hub.errors.PatchError` (the patch does not apply) or
-    :class:`~agui_hub.errors.LimitExceeded` (*doc* would exceed *limits*); the
-    document is then half-patched: call ``undo.rollback()``. *what* and
+    :class:`~agui_hub.errors.LimitExceeded` (*doc* would exceed *limits*, or
+    the patch would cost more than *work* has left: ``limit="max_work"``);
+    the document is then half-patched: call ``undo.rollback()``. *what* and
     *where* name the event and the document in the error's message (e.g.
-    ``"STATE_DELTA"``, ``"the state"``).
+    ``"STATE_DELTA"``, ``"the state"``). Without *work*, the patch gets a
+    budget of its own of ``limits.max_work``.
     """
+    if work is None:
+        work = WorkBudget(limits.max_work)
     try:
-        _Patcher(doc, limits, undo).apply(patch)
+        _Patcher(doc, limits, undo, work).apply(patch)
     except _Fail as exc:
         raise PatchError(f"JSON Patch does not apply: {exc}", patch=patch) from None
     except _Over as over:

@@ -34,8 +34,13 @@ more than its share:
   changes nothing.
 * A JSON Patch is applied in place, with an undo log for a patch that fails
   half-way (:mod:`agui_hub.agui.patch`): its cost is that of its operations,
-  not of the document. Values are shared, not copied (copy-on-write), so
-  ``copy`` costs nothing until the copy changes, and
+  not of the document, and the work it does on values the state holds
+  already is bounded per event (``FOLD_WORK_FACTOR`` times
+  :attr:`~agui_hub.agui.patch.StateLimits.max_work`): past it the event is
+  refused with :class:`~agui_hub.errors.LimitExceeded`, so that a fold never
+  stalls on one event (:attr:`ThreadState.work` counts what was spent).
+  Values are shared, not copied (copy-on-write), so ``copy`` costs nothing
+  until the copy changes, and
   :meth:`~ThreadState.compact` hands out the documents without copying them.
 * Messages and tool calls are found through indexes by id; token deltas are
   collected and joined when the message is read, not concatenated one by one
@@ -80,9 +85,11 @@ from .messages import (
 )
 from .patch import (
     DEFAULT_LIMITS,
+    FOLD_WORK_FACTOR,
     Document,
     StateLimits,
     UndoLog,
+    WorkBudget,
     adopted_document,
     apply_patch,
     snapshot_document,
@@ -172,6 +179,12 @@ class ThreadState:
     """The documents of activity messages' contents, by message id."""
     _exposed: int = field(default=0, init=False)
     """Bumped by compact(): documents handed out are shared from then on."""
+    work: int = field(default=0, init=False)
+    """Work units spent on the documents so far (see
+    :class:`~agui_hub.agui.patch.WorkBudget`): a caller folding many events
+    lets other tasks run when it has grown by enough."""
+    _work: WorkBudget | None = field(default=None, init=False)
+    """The budget of the event being folded."""
 
     # -- queries ------------------------------------------------------------------
 
@@ -244,7 +257,8 @@ class ThreadState:
         :class:`~agui_hub.errors.PatchError` when a STATE_DELTA or
         ACTIVITY_DELTA does not apply; :class:`~agui_hub.errors.LimitExceeded`
         when a STATE_SNAPSHOT, STATE_DELTA, ACTIVITY_SNAPSHOT or ACTIVITY_DELTA
-        would exceed :attr:`limits`; :class:`~agui_hub.errors.ChunkError` for
+        would exceed :attr:`limits` (a delta also when it costs more than
+        ``FOLD_WORK_FACTOR * limits.max_work``); :class:`~agui_hub.errors.ChunkError` for
         a chunk that cannot be expanded; :class:`~agui_hub.errors.InvalidEvent`
         for an event that is not a valid AG-UI event (e.g. without a field its
         type requires; a chunk stream such an event ends is ended all the
@@ -266,16 +280,21 @@ class ThreadState:
             raise
         except MALFORMED_EVENT_ERRORS as exc:
             raise malformed_event(event, exc) from None
-        for expanded in expanded_events:
-            handler = _HANDLERS.get(expanded.get("type"))  # type: ignore[arg-type]
-            if handler is None:
-                continue
-            try:
-                handler(self, expanded)
-            except ProtocolError:
-                raise
-            except MALFORMED_EVENT_ERRORS as exc:
-                raise malformed_event(expanded, exc) from None
+        work = self._work = WorkBudget(FOLD_WORK_FACTOR * self.limits.max_work)
+        try:
+            for expanded in expanded_events:
+                handler = _HANDLERS.get(expanded.get("type"))  # type: ignore[arg-type]
+                if handler is None:
+                    continue
+                try:
+                    handler(self, expanded)
+                except ProtocolError:
+                    raise
+                except MALFORMED_EVENT_ERRORS as exc:
+                    raise malformed_event(expanded, exc) from None
+        finally:
+            self.work += work.spent
+            self._work = None
 
     def flush(self) -> None:
         """End every chunk stream left open (the producer stopped mid-stream)."""
@@ -614,7 +633,7 @@ def on_state_delta(ts: ThreadState, e: WireEvent) -> None:
     doc = ts._state_doc()
     undo = UndoLog()
     try:
-        apply_patch(doc, delta, ts.limits, undo, "STATE_DELTA", "the state")
+        apply_patch(doc, delta, ts.limits, undo, "STATE_DELTA", "the state", ts._work)
     except BaseException:
         undo.rollback()
         raise
@@ -679,7 +698,7 @@ def on_activity_delta(ts: ThreadState, e: WireEvent) -> None:
     doc = ts._activity_doc(current)
     undo = UndoLog()
     try:
-        apply_patch(doc, patch, ts.limits, undo, "ACTIVITY_DELTA", "the activity content")
+        apply_patch(doc, patch, ts.limits, undo, "ACTIVITY_DELTA", "the activity content", ts._work)
     except BaseException:
         undo.rollback()
         raise

@@ -17,6 +17,7 @@ import math
 import time
 from typing import Any, Protocol
 
+from ..agui.patch import WorkBudget
 from ..errors import (
     AguiHubError,
     Forbidden,
@@ -92,14 +93,26 @@ class RateLimit:
         self._at = time.monotonic()
 
     def take(self, count: int) -> float:
-        """Take *count* tokens: 0.0, or the seconds to wait before there are some."""
-        now = time.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
+        """Take *count* tokens: 0.0, or the seconds to wait before there are some.
+
+        ``take(0)`` takes nothing: it says whether the bucket is in debt.
+        """
+        self._refill()
         if self._tokens <= 0:
             return max(0.001, -self._tokens / self.rate + 1 / self.rate)
         self._tokens -= count
         return 0.0
+
+    def spend(self, count: int) -> None:
+        """Take *count* tokens that were spent already (work known once it is
+        done), into debt if need be: the next :meth:`take` waits for it."""
+        self._refill()
+        self._tokens -= count
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
 
 
 class Session(Subscriber, Protocol):
@@ -171,6 +184,7 @@ class CommandHandler:
         "_failed_auths",
         "_lanes",
         "_tasks",
+        "_work",
         "host",
         "session",
     )
@@ -181,6 +195,14 @@ class CommandHandler:
         config = host.config
         self._commands = RateLimit(config.max_commands_per_second)
         self._events = RateLimit(config.max_events_per_second)
+        # What publishes cost in state work is known once they are judged: it
+        # is spent afterwards, and the next publish waits while it is in debt.
+        # A burst of one publish's budget at least, so that a publish the
+        # limits allow never waits on an idle connection.
+        self._work = RateLimit(
+            config.max_state_work_per_second,
+            burst=max(config.max_state_work_per_second, float(config.state_max_work)),
+        )
         # A signature check costs ~0.1 ms of CPU: an unauthenticated client
         # gets a handful, not a thousand a second.
         self._auths = RateLimit(AUTHS_PER_SECOND, burst=AUTH_BURST)
@@ -238,6 +260,7 @@ class CommandHandler:
             # however long it takes, never refused: a refusal in the middle of
             # a pipeline would let the publishes after it overtake it.
             wait = await self._paced(self._events, len(command.events), limit=math.inf)
+            wait = wait or await self._paced(self._work, 0, limit=math.inf)
         else:
             wait = await self._paced(self._commands, 1)
         if wait:
@@ -466,7 +489,12 @@ class CommandHandler:
                 # next publish cannot run before this task awaits: resolved
                 # now, that one still queues behind this one.
                 _resolve(entered)
-                offsets = await host.hub.publish(thread, command.events, ids)
+                work = WorkBudget(host.hub.limits.max_work)
+                try:
+                    offsets = await host.hub.publish(thread, command.events, ids, work=work)
+                finally:
+                    # Refused or stored, judging it cost this much.
+                    self._work.spend(work.spent)
                 host.counters.events_in += len(offsets)
                 if after is not None and not after.done():
                     await asyncio.wait([after])

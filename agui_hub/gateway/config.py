@@ -80,6 +80,10 @@ class GatewayConfig:
     """Largest folded state document of a thread (approximate encoded bytes)."""
     state_max_depth: int = 64
     """Deepest nesting of a thread's state document."""
+    state_max_work: int = 50_000
+    """Work units the state deltas of one publish may spend on values the state
+    holds already (copies, removals, replacements, moves; one unit is about one
+    value visited): past it the publish is refused ``limit_exceeded``."""
     require_durable_store: bool = False
     """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
     loop: str = "asyncio"
@@ -136,6 +140,9 @@ class GatewayConfig:
     """Commands per connection per second (a burst of one second's worth)."""
     max_events_per_second: float = 20_000.0
     """Published events per connection per second."""
+    max_state_work_per_second: float = 500_000.0
+    """Work units (see ``state_max_work``) the publishes of one connection may cost
+    per second; a connection over it is paced (its next publish waits)."""
 
     # TLS ----------------------------------------------------------------------------------------
     tls_cert: str = ""
@@ -186,6 +193,7 @@ class GatewayConfig:
             "send_queue_bytes",
             "state_max_bytes",
             "state_max_depth",
+            "state_max_work",
             "max_connections",
             "max_connections_per_address",
             "workers",
@@ -200,6 +208,7 @@ class GatewayConfig:
             "auth_timeout",
             "max_commands_per_second",
             "max_events_per_second",
+            "max_state_work_per_second",
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
@@ -573,6 +582,10 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
             "published events per connection per second (a publish counts as its events); "
             "a connection over it is paced (default 20000)"
         ),
+        "max_state_work_per_second": (
+            "work units (see --state-max-work) the publishes of one connection may cost per "
+            "second; a connection over it is paced (default 500000)"
+        ),
         "max_subscriptions": "threads per connection (default 1000)",
         "max_frame_bytes": "largest client frame (default 1 MiB)",
         "max_event_bytes": "largest published event (default 1 MiB)",
@@ -580,6 +593,9 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "instead (default 4 MiB)",
         "state_max_bytes": "largest folded state document of a thread (default 8 MiB)",
         "state_max_depth": "deepest nesting of a thread's state (default 64)",
+        "state_max_work": "work units the state deltas of one publish may spend on values "
+        "the state holds already, about one per value copied, removed or moved (default "
+        "50000; docs/security.md)",
         "ping_interval": "seconds between keepalive pings (default 20)",
         "ping_timeout": "seconds a ping may go unanswered (default 20)",
         "write_timeout": "seconds a write may make no progress before the connection is "

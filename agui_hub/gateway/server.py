@@ -130,7 +130,11 @@ class Gateway:
         self.hub = Hub(
             # The hub's store calls are timed at this seam (the store modules know nothing of it).
             self.metrics.timed(self.store) if self.metrics is not None else self.store,
-            limits=StateLimits(max_depth=config.state_max_depth, max_bytes=config.state_max_bytes),
+            limits=StateLimits(
+                max_depth=config.state_max_depth,
+                max_bytes=config.state_max_bytes,
+                max_work=config.state_max_work,
+            ),
             max_event_bytes=config.max_event_bytes,
         )
         self.bridge = Bridge(

@@ -59,7 +59,7 @@ import msgpack
 from ..agui.chunks import ChunkExpander
 from ..agui.documents import StateDocuments
 from ..agui.events import validate_batch
-from ..agui.patch import DEFAULT_LIMITS, StateLimits
+from ..agui.patch import DEFAULT_LIMITS, YIELD_WORK, StateLimits, WorkBudget
 from ..agui.sequence import SequenceVerifier
 from ..errors import (
     AppendConflict,
@@ -128,6 +128,8 @@ class _Pending:
     retry: bool
     size: int
     """Bytes of its encoded events (a group is bounded by them too)."""
+    work: WorkBudget
+    """What judging its state events may cost (``StateLimits.max_work``)."""
     turn: asyncio.Future[None] | None = None
     """What it waits on (``None`` for one that led at once): resolved when it is
     settled, or when it is to lead the next group. Cancelled: its caller is gone."""
@@ -236,7 +238,12 @@ class ThreadWriter:
         self._gates: dict[str, _Gate] = {}
 
     async def publish(
-        self, thread: str, events: Sequence[Any], event_ids: Sequence[str] | None = None
+        self,
+        thread: str,
+        events: Sequence[Any],
+        event_ids: Sequence[str] | None = None,
+        *,
+        work: WorkBudget | None = None,
     ) -> list[Offset]:
         """Validate, check the sequence, store: all or nothing. Returns one offset per event.
 
@@ -253,7 +260,8 @@ class ThreadWriter:
         *max_event_bytes*),
         :class:`~agui_hub.errors.PatchError` (a STATE_DELTA or ACTIVITY_DELTA
         that does not apply) or :class:`~agui_hub.errors.LimitExceeded` (the
-        state would exceed :attr:`limits`); or a
+        state would exceed :attr:`limits`, or the publish's deltas would cost
+        more work than ``limits.max_work``: ``limit="max_work"``); or a
         :class:`~agui_hub.errors.StoreError` (after
         :class:`~agui_hub.errors.StoreUnavailable`, retry with the same ids).
 
@@ -266,7 +274,15 @@ class ThreadWriter:
         they continue), so that their callers retry them in order. A
         cancelled call that was still waiting stores nothing; the others go
         on.
+
+        *work* is the publish's budget (a new one of ``limits.max_work`` by
+        default); pass one to read afterwards what the publish cost
+        (:attr:`~agui_hub.agui.patch.WorkBudget.spent`, judged again after
+        what others stored included), as a connection's work rate does. The
+        judgement lets other tasks run every :data:`YIELD_WORK` units.
         """
+        if work is None:
+            work = WorkBudget(self.limits.max_work)
         wires = validate_batch(events)
         total = 0
         for n, wire in enumerate(wires):
@@ -296,7 +312,7 @@ class ThreadWriter:
             return await self.store.append(thread, inputs)
         # Queued before the first await: calls made in this order are judged
         # and stored in this order (the gateway relies on it to pipeline).
-        pending = _Pending(wires, ids, inputs, event_ids is not None, total)
+        pending = _Pending(wires, ids, inputs, event_ids is not None, total, work)
         gate = self._gates.get(thread)
         if gate is None:
             gate = self._gates[thread] = _Gate()
@@ -419,7 +435,8 @@ class ThreadWriter:
         ids = [i for p in members for i in p.ids]
         inputs = [e for p in members for e in p.inputs]
         retry = any(p.retry for p in members)
-        offsets = await self._publish(thread, wires, ids, inputs, retry)
+        budgets = [p.work for p in members for _ in p.wires]
+        offsets = await self._publish(thread, wires, ids, inputs, retry, budgets)
         start = 0
         for p in members:
             p.settle(offsets[start : start + len(p.wires)])
@@ -434,7 +451,8 @@ class ThreadWriter:
             if p.gone:
                 continue  # not stored yet, and its caller is gone
             try:
-                offsets = await self._publish(thread, p.wires, p.ids, p.inputs, p.retry)
+                budgets = [p.work] * len(p.wires)
+                offsets = await self._publish(thread, p.wires, p.ids, p.inputs, p.retry, budgets)
             except StoreError:
                 raise  # this one's and the rest's: stored in order or not at all
             except Exception as exc:  # its verdict (or a bug), to its caller alone
@@ -449,6 +467,7 @@ class ThreadWriter:
         ids: list[str],
         inputs: list[EventInput],
         retry: bool,
+        budgets: list[WorkBudget],
     ) -> list[Offset]:
         # Judged against what this writer knows, appended on condition that
         # nobody appended since: one round trip when it holds (the common
@@ -461,7 +480,7 @@ class ThreadWriter:
             self._seen.move_to_end(thread)
         for _attempt in range(_MAX_ATTEMPTS):
             try:
-                judged = await self._judge(thread, seen, wires, ids, retry)
+                judged = await self._judge(thread, seen, wires, ids, retry, budgets)
             except _REFUSED:
                 if fresh:
                     raise
@@ -516,7 +535,13 @@ class ThreadWriter:
         )
 
     async def _judge(
-        self, thread: str, seen: _Seen, wires: list[dict[str, Any]], ids: list[str], retry: bool
+        self,
+        thread: str,
+        seen: _Seen,
+        wires: list[dict[str, Any]],
+        ids: list[str],
+        retry: bool,
+        budgets: list[WorkBudget],
     ) -> (
         list[Offset]
         | tuple[SequenceVerifier | None, set[str] | None, dict[str, Any], ChunkExpander]
@@ -529,7 +554,7 @@ class ThreadWriter:
         holds the batch's effect, to commit once stored or roll back.
         """
         try:
-            trial, window, chunks = _try(seen, wires, range(len(wires)))
+            trial, window, chunks = await _try(seen, wires, range(len(wires)), budgets)
             return trial, window, wires[0], chunks
         except _REFUSED:
             # Perhaps a retry of events that are stored already (a catch-up
@@ -544,7 +569,7 @@ class ThreadWriter:
         if not positions:
             return [known[i] for i in ids]
         judged = [wires[n] for n in positions]
-        trial, window, chunks = _try(seen, judged, positions)
+        trial, window, chunks = await _try(seen, judged, positions, [budgets[n] for n in positions])
         return trial, window, judged[0], chunks
 
     def forget(self, thread: str) -> None:
@@ -707,11 +732,13 @@ def _distinct(group: list[_Pending]) -> bool:
     return True
 
 
-def _try(
-    seen: _Seen, wires: list[dict[str, Any]], positions: Sequence[int]
+async def _try(
+    seen: _Seen, wires: list[dict[str, Any]], positions: Sequence[int], budgets: list[WorkBudget]
 ) -> tuple[SequenceVerifier | None, set[str] | None, ChunkExpander]:
     """Judge *wires* (at *positions* of the published batch) after what *seen*
-    knows, changing nothing of its sequence state.
+    knows, changing nothing of its sequence state. Each event's state work is
+    charged to its publish's budget in *budgets* (one per wire), each
+    restarted first: a judgement starts afresh.
 
     Returns the verifier and window to keep once they are stored, or
     ``(None, None)`` for a single event that was only checked (apply it to
@@ -721,7 +748,15 @@ def _try(
     refuses: a first chunk without an id, a role that changes),
     :class:`SequenceError`, :class:`PatchError` or :class:`LimitExceeded` with
     the offending event's position as its ``index``, and ``seen.docs`` unchanged.
+
+    Every :data:`YIELD_WORK` units it lets other tasks run, between two
+    events. Nothing else judges this thread meanwhile (its publishes wait in
+    its gate for the leader, who is here): ``seen`` holds the half-judged
+    batch (``seen.docs`` in a transaction, the sequence in ``trial``) until
+    it is committed or rolled back, as it does across the append.
     """
+    for budget in {id(b): b for b in budgets}.values():
+        budget.restart()
     docs = seen.docs
     # In a trimmed thread a chunk may continue a stream opened in the trimmed
     # part: its chunks get the benefit of the doubt, as its other events do.
@@ -733,22 +768,28 @@ def _try(
             try:
                 chunks.expand(wires[0])
                 seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
-                docs.apply(wires[0])
+                docs.apply(wires[0], budgets[0])
             except ProtocolError as exc:
                 exc.index = positions[0]
                 raise
             return None, None, chunks
         trial = seen.verifier.copy()
         window = None if seen.window is None else set(seen.window)
-        for wire, position in zip(wires, positions, strict=True):
+        since_yield = 0
+        for wire, position, budget in zip(wires, positions, budgets, strict=True):
             try:
                 if check_chunks:
                     chunks.expand(wire)
                 _verify(trial, wire, window)
-                docs.apply(wire)
+                before = budget.spent
+                docs.apply(wire, budget)
             except ProtocolError as exc:
                 exc.index = position
                 raise
+            since_yield += budget.spent - before
+            if since_yield >= YIELD_WORK:
+                since_yield = 0
+                await asyncio.sleep(0)
         return trial, window, chunks
     except BaseException:
         docs.rollback()

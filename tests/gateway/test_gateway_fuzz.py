@@ -8,8 +8,10 @@ ids, deep nesting, lone surrogates, C1 controls and braces in thread names,
 non-ASCII digits in offsets, far-future offsets, wrong epochs, out-of-range
 integers, invalid events, events that break the sequence rules, hostile but
 valid events (deep STATE_SNAPSHOTs near the limits, JSON Patch copy bombs,
-hundreds of open messages, frames just over and far over the size limit),
-subscribe / unsubscribe storms, and broken WebSocket framing on raw sockets.
+deltas that copy and remove a large value over and over (CPU, not memory:
+refused at the work budget), hundreds of open messages, frames just over and
+far over the size limit), subscribe / unsubscribe storms, and broken
+WebSocket framing on raw sockets.
 
 Meanwhile a well-behaved publisher publishes realistic runs into a thread of
 its own and a well-behaved viewer, subscribed from the start, reads it.
@@ -490,7 +492,7 @@ class Attacker:
         run = {"type": "RUN_STARTED", "threadId": thread, "runId": "h"}
         # Followed live by this connection: the gateway folds what it stores.
         follow = self.enc({"type": "subscribe", "id": self.uid(), "thread": thread})
-        choice = r.randrange(6)
+        choice = r.randrange(7)
         if choice == 0:  # a deep state, then deltas that make it deeper
             depth = r.choice([60, 64, 65, 120, 250])
             events: list[Any] = [run, {"type": "STATE_SNAPSHOT", "snapshot": nested(depth)}]
@@ -515,6 +517,16 @@ class Attacker:
                 run,
                 {"type": "STATE_SNAPSHOT", "snapshot": {"s": "x" * 64, "x": ["y" * 64]}},
                 {"type": "STATE_DELTA", "delta": ops},
+            ]
+        elif choice == 6:  # copies and removals of a large value: CPU, bounded by max_work
+            items = r.randrange(2_000, 12_000)  # ~5 units each to walk; 4 bytes in JSON
+            snapshot = {"type": "STATE_SNAPSHOT", "snapshot": {"s": [[] for _ in range(items)]}}
+            ops = [{"op": "copy", "from": "/s", "path": "/t"}, {"op": "remove", "path": "/t"}]
+            deltas = [{"type": "STATE_DELTA", "delta": ops}] * r.randrange(1, 300)
+            return [
+                follow,
+                self.publish(thread, [run, snapshot]),
+                self.publish(thread, deltas),
             ]
         elif choice == 2:  # hundreds of open messages
             events = [run] + [

@@ -40,7 +40,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ...agui.patch import StateLimits
+from ...agui.patch import YIELD_WORK, StateLimits, WorkBudget
 from ...agui.reducer import ThreadState
 from ...errors import (
     OffsetExpired,
@@ -195,13 +195,19 @@ class ThreadChannel:
             assert feed is not None
             try:
                 relayed = 0
+                worked = self.state.work
                 async for entry in feed:
                     self._deliver(entry)
                     relayed += len(entry.data)
-                    if relayed >= YIELD_BYTES:
+                    work = self.state.work
+                    if relayed >= YIELD_BYTES or not 0 <= work - worked < YIELD_WORK:
                         # Let the writers send what was queued: a burst from the
-                        # store must not fill every queue before any is written.
-                        relayed = 0
+                        # store must not fill every queue before any is written;
+                        # and a burst of costly deltas holds the loop for one
+                        # delta at a time (between two entries the channel's
+                        # state, cursor and members agree). A reload replaced
+                        # the state (its work is lower): counted afresh.
+                        relayed, worked = 0, work
                         await asyncio.sleep(0)
                 return
             except SubscriptionLagged as exc:
@@ -587,10 +593,16 @@ class Hub:
         task.add_done_callback(_log_close_failure)
 
     async def publish(
-        self, thread: str, events: Sequence[Any], event_ids: Sequence[str] | None = None
+        self,
+        thread: str,
+        events: Sequence[Any],
+        event_ids: Sequence[str] | None = None,
+        *,
+        work: WorkBudget | None = None,
     ) -> list[Offset]:
-        """Validate, check the sequence, store: see :meth:`ThreadWriter.publish`."""
-        return await self.writer.publish(thread, events, event_ids)
+        """Validate, check the sequence, store: see :meth:`ThreadWriter.publish`
+        (*work*: the publish's budget, to read what it cost)."""
+        return await self.writer.publish(thread, events, event_ids, work=work)
 
     async def fold(self, thread: str) -> tuple[ThreadState, str | None, Offset]:
         """The thread as stored now, folded: ``(state, epoch, cursor)``.

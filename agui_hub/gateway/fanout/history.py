@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from ...agui.patch import StateLimits
+from ...agui.patch import YIELD_WORK, StateLimits
 from ...agui.reducer import ThreadState
 from ...errors import StoreUnavailable
 from ...store.contract import ThreadStore
@@ -73,6 +73,7 @@ async def fold_history(
                 state, checkpoint = ThreadState(limits=limits), None
         epoch: str | None = None
         first, restart, folded = True, False, 0
+        worked = state.work  # work units spent when it last let others run
         kept = RecentEntries(after, bounds)
         while True:
             page = await store.read_available(thread, after=after, limit=LOAD_PAGE)
@@ -95,7 +96,8 @@ async def fold_history(
                 if recent is not None:
                     kept.add(entry)
                 folded += 1
-                if folded % LOAD_PAGE == 0:
+                if folded % LOAD_PAGE == 0 or state.work - worked >= YIELD_WORK:
+                    worked = state.work
                     await asyncio.sleep(0)  # a long fold lets everything else run
             if page.entries:
                 after = page.entries[-1].offset
