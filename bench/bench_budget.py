@@ -53,7 +53,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
+import functools
 import json
 import math
 import pstats
@@ -65,6 +67,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -243,51 +246,80 @@ def split(profile: cProfile.Profile) -> dict[str, float]:
     return out
 
 
-async def sustained(store: ThreadStore, seconds: float, entries: int) -> None:
+async def sustained(
+    store: ThreadStore, seconds: float, entries: int, publishers: int = 1, **config: Any
+) -> float:
+    """CPU per wall second while *publishers* connections publish into one thread."""
     gateway = Gateway(
-        GatewayConfig(host="127.0.0.1", port=free_port(), ping_interval=None), store=store
+        GatewayConfig(host="127.0.0.1", port=free_port(), ping_interval=None, **config),
+        store=store,
     )
     await gateway.start()
     url = f"ws://127.0.0.1:{gateway.config.port}/"
     thread = f"bench-{uuid.uuid4().hex[:8]}"
     try:
-        async with (
-            connect(url, subprotocols=[JSON], proxy=None, max_size=None) as pub,  # type: ignore[list-item]
-            connect(url, subprotocols=[JSON], proxy=None) as viewer,  # type: ignore[list-item]
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            pubs = [
+                await stack.enter_async_context(
+                    connect(url, subprotocols=[JSON], proxy=None, max_size=None)  # type: ignore[list-item]
+                )
+                for _ in range(publishers)
+            ]
+            viewer = await stack.enter_async_context(
+                connect(url, subprotocols=[JSON], proxy=None)  # type: ignore[list-item]
+            )
             await request(viewer, {"type": "subscribe", "id": "s", "thread": thread})
             stop = asyncio.Event()
             viewing = asyncio.create_task(drain(viewer, stop))
             run = {"type": "RUN_STARTED", "threadId": thread, "runId": "r"}
             frame = {"type": "publish", "id": "snap", "thread": thread,
                      "events": [run, big_snapshot(entries)]}  # fmt: skip
-            assert (await request(pub, frame))["type"] == "published"
+            assert (await request(pubs[0], frame))["type"] == "published"
             waits: list[float] = []
             stop_pings = threading.Event()
             pinging = asyncio.create_task(asyncio.to_thread(pinger, url, stop_pings, waits))
             await asyncio.sleep(0.1)
             replies: dict[str, int] = {}
             cpu, wall = time.process_time(), time.perf_counter()
-            for n in range(100_000):
-                if time.perf_counter() - wall > seconds:
-                    break
-                events = attack(1) if n % 2 == 0 else attack(300)
-                reply = await request(
-                    pub, {"type": "publish", "id": f"x{n}", "thread": thread, "events": events}
-                )
-                outcome = reply["type"] if reply["type"] != "error" else reply["code"]
-                replies[outcome] = replies.get(outcome, 0) + 1
+
+            async def publishing(pub: ClientConnection) -> None:
+                for n in range(100_000):
+                    if time.perf_counter() - wall > seconds:
+                        break
+                    events = attack(1) if n % 2 == 0 else attack(300)
+                    reply = await request(
+                        pub, {"type": "publish", "id": f"x{n}", "thread": thread, "events": events}
+                    )
+                    outcome = reply["type"] if reply["type"] != "error" else reply["code"]
+                    replies[outcome] = replies.get(outcome, 0) + 1
+
+            await asyncio.gather(*(publishing(p) for p in pubs))
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             stop.set()
             stop_pings.set()
             await asyncio.gather(pinging, viewing)
         print(
-            f"{type(store).__name__:12} one connection for {wall:.1f} s: "
+            f"{type(store).__name__:12} {publishers} connection(s) into one thread for "
+            f"{wall:.1f} s{' ' + str(config) if config else ''}: "
             f"{cpu / wall:.2f} s of CPU per second; replies {replies}; "
             f"longest pong wait {max(waits) * 1e3:.1f} ms"
         )
+        return cpu / wall
     finally:
         await gateway.drain()
+
+
+async def sustained_pair(
+    make_store: Callable[[], ThreadStore], seconds: float, entries: int, publishers: int
+) -> None:
+    """With several publishers: the thread's work rate against a ceiling measured
+    in the same run, the same publishers with the thread's rate out of the way."""
+    paced = await sustained(make_store(), seconds, entries, publishers)
+    if publishers > 1:
+        ceiling = await sustained(
+            make_store(), seconds, entries, publishers, max_thread_state_work_per_second=1e12
+        )
+        print(f"  the thread's rate: {paced / ceiling:.2f} of the CPU without it")
 
 
 async def largest_frame(store: ThreadStore, runs: int) -> None:
@@ -396,6 +428,11 @@ def calibrate() -> None:
         print(f"{name:38} {spent:>9} units {best * 1e3:7.1f} ms {best / spent * 1e9:6.0f} ns/unit")
 
 
+def redis_store(kind: type[ThreadStore], url: str) -> ThreadStore:
+    """A Redis store under a prefix of its own (each measurement on fresh keys)."""
+    return kind(url, prefix=f"bench-{uuid.uuid4().hex[:8]}")  # type: ignore[call-arg]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--deltas", type=int, default=300)
@@ -405,6 +442,7 @@ async def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--publishers", type=int, default=1)
     parser.add_argument("--frame", action="store_true")
     args = parser.parse_args()
     if args.calibrate:
@@ -414,7 +452,7 @@ async def main() -> None:
         if kind == "memory" and args.frame:
             await largest_frame(MemoryStore(), args.runs)
         elif kind == "memory" and args.sustained:
-            await sustained(MemoryStore(), args.sustained, args.entries)
+            await sustained_pair(MemoryStore, args.sustained, args.entries, args.publishers)
         elif kind == "memory":
             await bench(MemoryStore(), args.deltas, args.entries, args.runs, args.profile)
         elif kind == "redis":
@@ -426,7 +464,8 @@ async def main() -> None:
                     await largest_frame(RedisStore(url, prefix="bench"), args.runs)
                     continue
                 if args.sustained:
-                    await sustained(RedisStore(url, prefix="bench"), args.sustained, args.entries)
+                    fresh = functools.partial(redis_store, RedisStore, url)
+                    await sustained_pair(fresh, args.sustained, args.entries, args.publishers)
                     continue
                 await bench(
                     RedisStore(url, prefix="bench"), args.deltas, args.entries, args.runs,

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from ..agui.patch import WorkBudget
@@ -53,7 +54,7 @@ from .fanout.channels import Hub, Subscriber
 from .reporting import Counters
 from .run_access import RunAccess, require_publish
 
-__all__ = ["CommandHandler", "CommandHost", "RateLimit", "Session"]
+__all__ = ["CommandHandler", "CommandHost", "RateLimit", "Session", "ThreadWorkRates"]
 
 log = logging.getLogger("agui_hub.server")
 
@@ -109,10 +110,117 @@ class RateLimit:
         self._refill()
         self._tokens -= count
 
+    def full(self) -> bool:
+        """Whether the bucket holds its whole burst (a new one would be the same)."""
+        self._refill()
+        return self._tokens >= self.burst
+
     def _refill(self) -> None:
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
+
+
+MAX_THREAD_BUCKETS = 10_000
+"""Threads whose state work a gateway remembers (:class:`ThreadWorkRates`); past
+it, the one charged longest ago with no publish waiting is forgotten."""
+
+
+class _ThreadWork:
+    """One thread's work bucket, and the line of publishes waiting for it."""
+
+    __slots__ = ("bucket", "line", "waiting")
+
+    def __init__(self, bucket: RateLimit) -> None:
+        self.bucket = bucket
+        self.line: asyncio.Lock | None = None
+        """Made when a publish has to wait; the next ones wait behind it (FIFO)."""
+        self.waiting = 0
+        """Publishes in :attr:`line` (waiting or passing): while any, the entry stays."""
+
+
+class ThreadWorkRates:
+    """The state work of each thread, whoever publishes into it: a bucket per
+    thread of *rate* units per second, shared by every connection of the gateway.
+
+    A publish waits in :meth:`wait` while its thread is in debt, behind the
+    publishes that came to wait before it (first come, first served; never
+    refused), and what it cost is charged (:meth:`charge`) once it is judged. At most
+    *max_threads* threads are remembered, plus those with a publish waiting
+    (each is a command under way, bounded per connection): an entry costs
+    about 250 bytes and its thread's name, and the one charged longest ago is forgotten first,
+    debt and all. A bucket that is full again is forgotten as soon as it is
+    the oldest, so memory follows the threads being published into.
+    """
+
+    __slots__ = ("_threads", "burst", "max_threads", "rate")
+
+    def __init__(
+        self, rate: float, *, burst: float | None = None, max_threads: int = MAX_THREAD_BUCKETS
+    ) -> None:
+        self.rate = rate
+        self.burst = rate if burst is None else burst
+        self.max_threads = max_threads
+        self._threads: OrderedDict[str, _ThreadWork] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._threads)
+
+    async def wait(self, thread: str) -> None:
+        """Return once *thread* is out of debt and the publishes that waited
+        before this one have passed; at once (without awaiting) when nobody
+        waits and the thread is not in debt.
+
+        Cancelled while it waits (its connection gone), it leaves the line
+        and the next publish in it goes on.
+        """
+        entry = self._threads.get(thread)
+        if entry is None or (entry.line is None and entry.bucket.take(0) == 0.0):
+            return
+        if entry.line is None:
+            entry.line = asyncio.Lock()  # asyncio's lock wakes its waiters in order
+        entry.waiting += 1
+        try:
+            async with entry.line:
+                # The bucket is read again after every sleep: others charged it meanwhile.
+                while wait := entry.bucket.take(0):
+                    await asyncio.sleep(wait)
+        finally:
+            entry.waiting -= 1
+            if entry.waiting == 0:
+                entry.line = None
+
+    def charge(self, thread: str, units: int) -> None:
+        """Spend *units* of *thread*'s bucket (work already done), into debt if need be."""
+        threads = self._threads
+        entry = threads.get(thread)
+        if entry is None:
+            if units <= 0:
+                return  # nothing to remember: a new bucket is full
+            entry = threads[thread] = _ThreadWork(RateLimit(self.rate, burst=self.burst))
+        else:
+            threads.move_to_end(thread)
+        entry.bucket.spend(units)
+        self._forget(thread)
+
+    def _forget(self, charged: str) -> None:
+        # The oldest entries go when full again (a new one would be the same),
+        # or past max_threads whatever they owe; one with a publish waiting
+        # stays (it moves to the end). A few at most per charge: bounded work,
+        # and still faster than one new entry per charge fills the table.
+        threads = self._threads
+        for _ in range(4):
+            oldest, entry = next(iter(threads.items()))
+            if oldest == charged:
+                return  # the only one
+            if entry.waiting:
+                if len(threads) <= self.max_threads:
+                    return
+                threads.move_to_end(oldest)
+            elif len(threads) > self.max_threads or entry.bucket.full():
+                del threads[oldest]
+            else:
+                return
 
 
 class Session(Subscriber, Protocol):
@@ -153,6 +261,10 @@ class CommandHost(Protocol):
     def authenticator(self) -> Authenticator: ...
     @property
     def runs(self) -> RunAccess: ...
+    @property
+    def thread_work(self) -> ThreadWorkRates:
+        """The state work rate of each thread, shared by the gateway's connections."""
+        ...
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:
@@ -485,6 +597,12 @@ class CommandHandler:
                 ids = command.event_ids
                 if ids is not None:
                     ids = [scoped_event_id(identity, i) for i in ids]
+                # A thread in debt (whoever ran it into debt): wait in line. The
+                # publish behind this one on this connection waits for
+                # *entered*, so it cannot pass it here.
+                await host.thread_work.wait(thread)
+                if not session.is_open:
+                    return  # gone while it waited: nothing stored
                 # The writer queues the events before it first awaits, and the
                 # next publish cannot run before this task awaits: resolved
                 # now, that one still queues behind this one.
@@ -493,8 +611,10 @@ class CommandHandler:
                 try:
                     offsets = await host.hub.publish(thread, command.events, ids, work=work)
                 finally:
-                    # Refused or stored, judging it cost this much.
+                    # Refused or stored, judging it cost this much, to the
+                    # connection and to the thread.
                     self._work.spend(work.spent)
+                    host.thread_work.charge(thread, work.spent)
                 host.counters.events_in += len(offsets)
                 if after is not None and not after.done():
                     await asyncio.wait([after])

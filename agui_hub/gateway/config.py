@@ -143,6 +143,9 @@ class GatewayConfig:
     max_state_work_per_second: float = 500_000.0
     """Work units (see ``state_max_work``) the publishes of one connection may cost
     per second; a connection over it is paced (its next publish waits)."""
+    max_thread_state_work_per_second: float = 1_000_000.0
+    """Work units the publishes into one thread may cost per second, whichever
+    connections send them; a publish into a thread over it waits, in line."""
 
     # TLS ----------------------------------------------------------------------------------------
     tls_cert: str = ""
@@ -209,6 +212,7 @@ class GatewayConfig:
             "max_commands_per_second",
             "max_events_per_second",
             "max_state_work_per_second",
+            "max_thread_state_work_per_second",
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
@@ -585,6 +589,11 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "max_state_work_per_second": (
             "work units (see --state-max-work) the publishes of one connection may cost per "
             "second; a connection over it is paced (default 500000)"
+        ),
+        "max_thread_state_work_per_second": (
+            "work units the publishes into one thread may cost per second, whichever "
+            "connections send them; a publish into a thread over it waits "
+            "(default 1e+06, a million)"
         ),
         "max_subscriptions": "threads per connection (default 1000)",
         "max_frame_bytes": "largest client frame (default 1 MiB)",

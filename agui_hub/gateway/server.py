@@ -54,6 +54,7 @@ from ..store.urls import redact_url
 from ..wire.protocol import SUBPROTOCOLS, CloseCode, encoding_of
 from .admission import AcceptFailures, Admission, CountedSocket
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, RedactingLogger
+from .commands import ThreadWorkRates
 from .config import (
     FD_RESERVE,
     HANDSHAKE_HEADROOM,
@@ -146,6 +147,13 @@ class Gateway:
         """Runs of upstream AG-UI agents (docs/bridge.md)."""
         self.runs = RunAccess(self.bridge)
         """The bridge as clients reach it: behind their grants."""
+        self.thread_work = ThreadWorkRates(
+            config.max_thread_state_work_per_second,
+            # A publish the limits allow never waits on an idle thread.
+            burst=max(config.max_thread_state_work_per_second, float(config.state_max_work)),
+        )
+        """What the publishes into each thread cost in state work, per second
+        (``max_thread_state_work_per_second``), whichever connection sent them."""
         self.http: HttpListener | None = None
         """The HTTP listener (``http_port``): SSE streams and ``POST /agents/<name>``."""
         self.http_connections = config.max_connections

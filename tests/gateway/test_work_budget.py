@@ -24,8 +24,10 @@ from websockets.sync.client import connect as sync_connect
 
 from agui_hub.agui.patch import WorkBudget
 from agui_hub.errors import LimitExceeded
+from agui_hub.gateway.commands import ThreadWorkRates
 from agui_hub.gateway.writer import ThreadWriter
 from agui_hub.store.contract import ThreadStore
+from agui_hub.wire.offsets import START
 
 from ..conftest import TIMEOUT_SCALE
 
@@ -253,3 +255,150 @@ async def test_grouped_publishes_have_a_budget_each(
         assert (refused.value.limit, refused.value.index) == ("max_work", 1)
     finally:
         await store.close()
+
+
+async def seeded(client: Client, thread: str, entries: int) -> None:
+    """Start a run in *thread* with a state of ``{"s": {entries string entries}}``."""
+    big = {f"k{i:05d}": "x" * 9 for i in range(entries)}
+    reply = await published(
+        client,
+        thread,
+        [
+            {"type": "RUN_STARTED", "threadId": thread, "runId": "r"},
+            {"type": "STATE_SNAPSHOT", "snapshot": {"s": big}},
+        ],
+    )
+    assert reply["type"] == "published", reply
+
+
+async def test_connections_publishing_into_one_thread_are_paced_together(
+    store_factory: Callable[..., ThreadStore],
+) -> None:
+    """Two connections, each well within its own work rate, publish heavy deltas
+    into one thread: the thread's rate paces them together, while a third
+    connection publishing into another thread meanwhile is not held back."""
+    gateways = Harness(store_factory)
+    try:
+        rate = 80_000.0  # the burst is one second's worth (above --state-max-work)
+        gateway = await gateways.gateway(
+            max_thread_state_work_per_second=rate,
+            max_state_work_per_second=10_000_000.0,  # the connections' own rate never paces
+            state_max_work=50_000,
+        )
+        entries = 10_000  # one copy/remove delta: ~40,000 units
+        per_delta = 2 * walk_units(entries)
+        first, second, third = [await gateways.client(gateway) for _ in range(3)]
+        await seeded(first, "paced-together", entries)
+        await seeded(third, "paced-apart", 100)
+        count = 4  # each of the two: 8 deltas, ~320,000 units into the thread
+
+        async def heavy(client: Client) -> float:
+            started = time.monotonic()
+            for _ in range(count):
+                reply = await published(client, "paced-together", copy_remove(1))
+                assert reply["type"] == "published", reply
+            return time.monotonic() - started
+
+        async def light() -> list[float]:
+            await asyncio.sleep(0.3)  # once the thread is in debt
+            waits = []
+            for _ in range(10):
+                started = time.monotonic()
+                reply = await published(third, "paced-apart", copy_remove(1))
+                assert reply["type"] == "published", reply
+                waits.append(time.monotonic() - started)
+            return waits
+
+        started = time.monotonic()
+        heavy_tasks = [asyncio.create_task(heavy(c)) for c in (first, second)]
+        waits = await light()
+        assert not all(t.done() for t in heavy_tasks), "the thread was not paced"
+        elapsed = max(await asyncio.gather(*heavy_tasks))
+        assert time.monotonic() - started >= elapsed
+        # What the two spent, less the burst and the two publishes judged before
+        # they were charged, paid at the thread's rate.
+        spent = 2 * count * per_delta
+        assert elapsed >= (spent - rate - 2 * per_delta) / rate * 0.9, elapsed
+        assert max(waits) < 0.5 * TIMEOUT_SCALE, waits
+        # Every publish was stored, none refused for the pacing.
+        stored = await gateway.store.read("paced-together", START, 100)
+        assert [e.type for e in stored].count("STATE_DELTA") == 2 * count
+        assert gateway.thread_work._threads["paced-together"].waiting == 0
+    finally:
+        await gateways.close()
+
+
+async def test_a_connection_closed_while_its_thread_is_in_debt_leaves_the_line(
+    store_factory: Callable[..., ThreadStore],
+) -> None:
+    """A publish waiting for its thread's bucket, whose connection closes, stores
+    nothing, and the publishes behind it in the line go on."""
+    gateways = Harness(store_factory)
+    try:
+        rate = 50_000.0
+        gateway = await gateways.gateway(
+            max_thread_state_work_per_second=rate,
+            max_state_work_per_second=10_000_000.0,
+            state_max_work=50_000,
+        )
+        thread = "paced-closed"
+        entries = 10_000
+        first = await gateways.client(gateway)
+        await seeded(first, thread, entries)
+        # Two deltas (~80,000 units) run the thread ~30,000 units into debt: 0.6 s.
+        for _ in range(2):
+            reply = await published(first, thread, copy_remove(1))
+            assert reply["type"] == "published", reply
+        leaving = await gateways.client(gateway)
+        await leaving.send(
+            {"type": "publish", "id": "gone", "thread": thread, "events": copy_remove(1)}
+        )
+        entry = gateway.thread_work._threads[thread]
+        for _ in range(200):
+            if entry.waiting:
+                break
+            await asyncio.sleep(0.005)
+        assert entry.waiting == 1  # waiting in line
+        waiter = asyncio.create_task(published(first, thread, copy_remove(1)))
+        await asyncio.sleep(0.05)
+        assert entry.waiting == 2 and not waiter.done()
+        await leaving.close()
+        reply = await asyncio.wait_for(waiter, WAIT)
+        assert reply["type"] == "published", reply
+        assert entry.waiting == 0 and entry.line is None
+        # Stored: the snapshot's two events and three deltas, not the one of the
+        # connection that left.
+        stored = await gateway.store.read(thread, START, 100)
+        assert [e.type for e in stored].count("STATE_DELTA") == 3
+    finally:
+        await gateways.close()
+
+
+async def test_thread_work_waits_in_line_and_forgets_what_it_need_not_keep() -> None:
+    """The thread buckets: first come, first served; a waiter cancelled wakes the
+    next; at most ``max_threads`` remembered, and full buckets forgotten."""
+    rates = ThreadWorkRates(1_000.0, burst=100.0, max_threads=3)
+    await asyncio.wait_for(rates.wait("t"), 0.1)  # unknown: at once
+    rates.charge("t", 150)  # 50 units of debt: 0.05 s
+    order: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await rates.wait("t")
+        order.append(n)
+        rates.charge("t", 60)  # each runs it into debt again
+
+    tasks = [asyncio.create_task(waiter(n)) for n in range(4)]
+    await asyncio.sleep(0)
+    tasks[1].cancel()  # its connection gone: the next one still goes
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT)
+    assert order == [0, 2, 3]
+    entry = rates._threads["t"]
+    assert entry.waiting == 0 and entry.line is None
+    # Bounded: past max_threads the one charged longest ago goes, debt and all.
+    for name in ("a", "b", "c", "d"):
+        rates.charge(name, 1_000)
+    assert list(rates._threads) == ["b", "c", "d"]
+    # A bucket full again is forgotten once it is the oldest.
+    await asyncio.sleep(2.5)
+    rates.charge("e", 1)
+    assert "b" not in rates._threads and len(rates) <= 3
