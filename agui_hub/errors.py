@@ -98,10 +98,10 @@ class PayloadTooLarge(ProtocolError):
 
     code = "payload_too_large"
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, unit: str = "bytes") -> None:
         self.size = size
         self.limit = limit
-        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+        super().__init__(f"payload of {size} {unit} exceeds the limit of {limit} {unit}")
 
 
 class InvalidEvent(ProtocolError):

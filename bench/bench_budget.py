@@ -39,7 +39,10 @@ longest pong wait meanwhile.
 ``--frame`` measures what no work budget bounds, for comparison: the
 longest pong wait while the gateway parses, validates, stores and relays one
 publish of a CUSTOM event whose value is as many empty arrays as a 1 MiB
-msgpack frame holds (the cheapest bytes for the most values).
+msgpack frame holds (the cheapest bytes for the most values), a viewer
+following the thread in JSON; ``--values N`` sends N empty arrays instead
+(``--values 99980``: the most a frame may hold, 100,000 values, with the
+rest of the publish).
 
 ``--calibrate`` prints, for the kinds of work a patch is charged for, the
 nanoseconds of CPU per work unit (best of 5; the units are meant to cost
@@ -322,7 +325,7 @@ async def sustained_pair(
         print(f"  the thread's rate: {paced / ceiling:.2f} of the CPU without it")
 
 
-async def largest_frame(store: ThreadStore, runs: int) -> None:
+async def largest_frame(store: ThreadStore, runs: int, values: int) -> None:
     gateway = Gateway(
         GatewayConfig(host="127.0.0.1", port=free_port(), ping_interval=None), store=store
     )
@@ -332,13 +335,20 @@ async def largest_frame(store: ThreadStore, runs: int) -> None:
     try:
         for n in range(runs):
             thread = f"bench-{uuid.uuid4().hex[:8]}"
-            count = gateway.config.max_frame_bytes - 300
+            count = values or gateway.config.max_frame_bytes - 300
             event = {"type": "CUSTOM", "name": "x", "value": [[] for _ in range(count)]}
             run = {"type": "RUN_STARTED", "threadId": thread, "runId": "r"}
             frame = msgpack.packb(
                 {"type": "publish", "id": f"f{n}", "thread": thread, "events": [run, event]}
             )
-            async with connect(url, subprotocols=[MSGPACK], proxy=None, max_size=None) as pub:  # type: ignore[list-item]
+            async with (
+                connect(url, subprotocols=[MSGPACK], proxy=None, max_size=None) as pub,  # type: ignore[list-item]
+                connect(url, subprotocols=[JSON], proxy=None, max_size=None) as viewer,  # type: ignore[list-item]
+            ):
+                reply = await request(viewer, {"type": "subscribe", "id": "s", "thread": thread})
+                assert reply["type"] == "subscribed", reply
+                stop = asyncio.Event()
+                viewing = asyncio.create_task(drain(viewer, stop))
                 waits: list[float] = []
                 stop_pings = threading.Event()
                 pinging = asyncio.create_task(asyncio.to_thread(pinger, url, stop_pings, waits))
@@ -347,10 +357,12 @@ async def largest_frame(store: ThreadStore, runs: int) -> None:
                 reply = msgpack.unpackb(await asyncio.wait_for(pub.recv(), WAIT))
                 await asyncio.sleep(0.2)
                 stop_pings.set()
-                await pinging
+                stop.set()
+                await asyncio.gather(pinging, viewing)
                 stalls.append(max(waits))
         print(
-            f"{type(store).__name__:12} one {len(frame)}-byte frame of {count} empty arrays: "
+            f"{type(store).__name__:12} one {len(frame)}-byte frame of {count} empty arrays "
+            "(a JSON viewer following): "
             f"reply {reply.get('code', reply['type'])}; "
             f"longest pong wait {statistics.median(stalls) * 1e3:.1f} ms"
         )
@@ -444,13 +456,14 @@ async def main() -> None:
     parser.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--publishers", type=int, default=1)
     parser.add_argument("--frame", action="store_true")
+    parser.add_argument("--values", type=int, default=0, help="empty arrays in --frame's event")
     args = parser.parse_args()
     if args.calibrate:
         calibrate()
         return
     for kind in args.store.split(","):
         if kind == "memory" and args.frame:
-            await largest_frame(MemoryStore(), args.runs)
+            await largest_frame(MemoryStore(), args.runs, args.values)
         elif kind == "memory" and args.sustained:
             await sustained_pair(MemoryStore, args.sustained, args.entries, args.publishers)
         elif kind == "memory":
@@ -461,7 +474,7 @@ async def main() -> None:
             proc, url = start_redis()
             try:
                 if args.frame:
-                    await largest_frame(RedisStore(url, prefix="bench"), args.runs)
+                    await largest_frame(RedisStore(url, prefix="bench"), args.runs, args.values)
                     continue
                 if args.sustained:
                     fresh = functools.partial(redis_store, RedisStore, url)

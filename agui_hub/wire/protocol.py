@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 
 from ..errors import AguiHubError, DecodeError, PayloadTooLarge, ProtocolError
-from .codec import DEFAULT_MAX_SIZE, Encoding, decode, encode
+from .codec import DEFAULT_MAX_SIZE, Encoding, decode, encode, unpack_stored
 from .offsets import Offset, check_thread, offset_key
 
 __all__ = [
@@ -512,7 +512,7 @@ def event_frame(thread: str, offset: Offset, event_data: bytes, encoding: Encodi
                 event_data,
             )
         )
-    event = msgpack.unpackb(event_data, raw=False)
+    event = unpack_stored(event_data)
     return "".join(
         (
             '{"type":"event","thread":',

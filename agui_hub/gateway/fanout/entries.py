@@ -11,12 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgpack
-
 from ...agui.events import check_json_value
 from ...agui.reducer import ThreadState
 from ...store.contract import Entry
-from ...wire.codec import Encoding
+from ...wire.codec import Encoding, unpack_stored
 from ...wire.protocol import event_frame
 
 __all__ = ["LOGGED_SKIPS", "EntryReader"]
@@ -58,7 +56,7 @@ class EntryReader:
     def decode(self, entry: Entry) -> dict[str, Any] | None:
         """The event of *entry*; ``None`` (and logged) when it is not a msgpack map."""
         try:
-            event = msgpack.unpackb(entry.data, raw=False)
+            event = unpack_stored(entry.data)
         except Exception as exc:  # one entry never ends a channel
             self.skip(entry, f"is not msgpack, not relayed: {exc!r:.200}")
             return None

@@ -1,0 +1,92 @@
+"""One frame of many tiny values does not stall the gateway.
+
+A 1 MiB msgpack frame can hold a million empty arrays: its cost is in its
+values, not its bytes. Over real WebSocket connections to an in-process
+gateway, on the memory store and on Redis: such a frame is refused
+(``payload_too_large``) and the fullest frame the value limit allows is
+stored and relayed to a JSON viewer, while another client pings the gateway
+every 5 ms and times every pong.
+"""
+
+# ruff: noqa: F811 (fixtures imported from test_server, taken as test arguments)
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from agui_hub.wire.codec import MAX_VALUES
+
+from .test_server import (  # noqa: F401
+    JSON,
+    MSGPACK,
+    WAIT,
+    Harness,
+    harness,
+    store_factory,
+    url,
+)
+from .test_work_budget import PONG_WITHIN, Pinger
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def custom(values: int) -> dict[str, Any]:
+    return {"type": "CUSTOM", "name": "x", "value": [[] for _ in range(values)]}
+
+
+async def test_a_frame_of_a_million_values_is_refused_without_a_stall(harness: Harness) -> None:
+    gateway = await harness.gateway()
+    publisher = await harness.client(gateway, MSGPACK)
+    json_publisher = await harness.client(gateway, JSON)
+    viewer = await harness.client(gateway, JSON)
+    thread = "frame-values"
+    assert (await viewer.request({"type": "subscribe", "thread": thread}))["type"] == "subscribed"
+    run = {"type": "RUN_STARTED", "threadId": thread, "runId": "r"}
+    # As many empty arrays as the frame limit allows in each encoding (one
+    # byte each in msgpack, four in the test client's JSON), and the fullest frame accepted.
+    most = gateway.config.max_frame_bytes - 300
+    fullest = MAX_VALUES - 20  # the publish's own maps take the rest (9)
+    reply = await publisher.request({"type": "publish", "thread": thread, "events": [run]})
+    assert reply["type"] == "published", reply
+    # Encoded beforehand: the test's clients share the gateway's event loop, and
+    # building a million lists there would stall it too.
+    refused = [
+        (client, client.encode({"type": "publish", "thread": thread, "events": [custom(count)]}))
+        for client, count in [(publisher, most), (json_publisher, most // 4)]
+    ]
+    accepted = publisher.encode(
+        {"type": "publish", "id": "full", "thread": thread, "events": [custom(fullest)]}
+    )
+    with Pinger(url(gateway)) as pinger:
+        started = time.monotonic()
+        rounds = 0
+        while rounds < 3 or time.monotonic() - started < 1.0:
+            for client, data in refused:
+                # A frame refused before it is read has no command id to answer to.
+                await client.ws.send(data)
+                reply = await client.recv(WAIT * 3)
+                assert (reply["type"], reply.get("code")) == ("error", "payload_too_large"), reply
+                assert f"more than {MAX_VALUES} JSON values" in reply["message"]
+            await publisher.ws.send(accepted)
+            reply = await publisher.recv(WAIT * 3)
+            assert (reply["type"], reply.get("id")) == ("published", "full"), reply
+            rounds += 1
+            if rounds >= 10:
+                break
+    longest = pinger.longest()
+    assert longest < PONG_WITHIN, f"a ping waited {longest:.3f} s"
+    seen = 0
+
+    def last_custom(frame: dict[str, Any]) -> bool:
+        nonlocal seen
+        seen += frame.get("type") == "event" and frame["event"]["type"] == "CUSTOM"
+        return seen == rounds
+
+    frames = await viewer.collect(last_custom, timeout=WAIT * 3)
+    # The viewer got the run and the accepted events whole, nothing of the refused ones.
+    events = [f["event"] for f in frames if f.get("type") == "event"]
+    assert [e["type"] for e in events] == ["RUN_STARTED"] + ["CUSTOM"] * rounds
+    assert all(e["value"] == custom(fullest)["value"] for e in events[1:])
