@@ -291,7 +291,9 @@ class GatewayLink:
             await self.threads.resubscribe_all(ws)
             async for data in ws:
                 try:
-                    frame = decode(data, encoding, max_size=None)
+                    # The gateway's own frames: a snapshot of a long thread may hold
+                    # any number of values (bounded by max_receive_bytes).
+                    frame = decode(data, encoding, max_size=None, max_values=None)
                 except DecodeError as exc:
                     log.warning("agui-hub client: undecodable frame ignored: %s", exc)
                     continue

@@ -350,8 +350,12 @@ class CommandHandler:
         session = self.session
         counters = self.host.counters
         try:
+            config = self.host.config
             command = parse_command(
-                data, session.encoding, max_size=self.host.config.max_frame_bytes
+                data,
+                session.encoding,
+                max_size=config.max_frame_bytes,
+                max_values=config.max_frame_values,
             )
         except CommandError as exc:
             # Malformed frames count too: what a client sends is bounded in

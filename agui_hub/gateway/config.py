@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..store.urls import REDIS_SCHEMES
-from ..wire.codec import DEFAULT_MAX_SIZE
+from ..wire.codec import DEFAULT_MAX_SIZE, MAX_VALUES
 from .auth import Anonymous, Authenticator, Grants, JWTAuthenticator, JWTSettings
 
 if TYPE_CHECKING:
@@ -60,6 +60,10 @@ class GatewayConfig:
     max_frame_bytes: int = DEFAULT_MAX_SIZE
     """Largest client command; a larger one is answered ``payload_too_large``, and a
     frame over ``FRAME_LIMIT_FACTOR`` times this closes the connection with 1009."""
+    max_frame_values: int = MAX_VALUES
+    """Most JSON values (array items and object entries, nested) one client command
+    may hold; a command with more is answered ``payload_too_large``. It bounds the
+    work of decoding and checking a frame, which grows with its values, not its bytes."""
     max_event_bytes: int = DEFAULT_MAX_SIZE
     """Largest published event (encoded); a larger one is refused ``payload_too_large``."""
     max_subscriptions: int = 1000
@@ -191,6 +195,7 @@ class GatewayConfig:
             raise ValueError(f"port {self.port} is not a TCP port (0 to 65535; 0: any free)")
         for name in (
             "max_frame_bytes",
+            "max_frame_values",
             "max_event_bytes",
             "max_subscriptions",
             "send_queue_bytes",
@@ -597,6 +602,8 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         ),
         "max_subscriptions": "threads per connection (default 1000)",
         "max_frame_bytes": "largest client frame (default 1 MiB)",
+        "max_frame_values": "most JSON values (array items and object entries) in one "
+        "client frame (default 100000; docs/security.md)",
         "max_event_bytes": "largest published event (default 1 MiB)",
         "send_queue_bytes": "unsent bytes per connection before it reads from the store "
         "instead (default 4 MiB)",

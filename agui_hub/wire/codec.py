@@ -187,7 +187,7 @@ def unpack_stored(data: bytes) -> Any:
     return _paused_gc(msgpack.unpackb, data, raw=False)
 
 
-def _unpack_counted(data: bytes, max_values: int) -> Any:
+def _unpack_counted(data: bytes, max_values: int | None) -> Any:
     value = msgpack.unpackb(
         data,
         raw=False,
@@ -199,7 +199,7 @@ def _unpack_counted(data: bytes, max_values: int) -> Any:
     # refused frame is freed here, before any collection looks at it (and not
     # kept alive by a traceback), and the check that walks every value only
     # sees frames within the limit.
-    if count_json_values(value, max_values) > max_values:
+    if max_values is not None and count_json_values(value, max_values) > max_values:
         del value
         raise _too_many_values(max_values)
     return value
@@ -215,10 +215,11 @@ def _too_many_values(limit: int) -> PayloadTooLarge:
 
 
 def decode_msgpack(
-    data: bytes, *, max_size: int | None = DEFAULT_MAX_SIZE, max_values: int = MAX_VALUES
+    data: bytes, *, max_size: int | None = DEFAULT_MAX_SIZE, max_values: int | None = MAX_VALUES
 ) -> Any:
     """Decode one msgpack value made of JSON values only, holding at most
-    *max_values* values (:func:`count_json_values`).
+    *max_values* values (:func:`count_json_values`; ``None``: not counted, for
+    a client reading its own gateway's frames).
 
     Raises :class:`PayloadTooLarge` or :class:`DecodeError`.
     """
@@ -247,8 +248,10 @@ def _reject_constant(name: str) -> Any:
 _JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def _decode_counted(text: str, max_values: int) -> Any:
+def _decode_counted(text: str, max_values: int | None) -> Any:
     value = _JSON_DECODER.decode(text)
+    if max_values is None:
+        return value
     # Counted past that bound only (each item but the first of its array or
     # object follows a comma), so that common frames are not walked again.
     bound = text.count(",") + text.count("[") + text.count("{")
@@ -259,7 +262,10 @@ def _decode_counted(text: str, max_values: int) -> Any:
 
 
 def decode_json(
-    data: bytes | str, *, max_size: int | None = DEFAULT_MAX_SIZE, max_values: int = MAX_VALUES
+    data: bytes | str,
+    *,
+    max_size: int | None = DEFAULT_MAX_SIZE,
+    max_values: int | None = MAX_VALUES,
 ) -> Any:
     """Decode one JSON value (UTF-8 bytes or text) holding at most *max_values*
     values (:func:`count_json_values`).
@@ -314,7 +320,7 @@ def decode(
     encoding: Encoding,
     *,
     max_size: int | None = DEFAULT_MAX_SIZE,
-    max_values: int = MAX_VALUES,
+    max_values: int | None = MAX_VALUES,
 ) -> Any:
     """Decode one value in *encoding* (see :func:`decode_msgpack`, :func:`decode_json`)."""
     if encoding is Encoding.MSGPACK:

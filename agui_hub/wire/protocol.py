@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 
 from ..errors import AguiHubError, DecodeError, PayloadTooLarge, ProtocolError
-from .codec import DEFAULT_MAX_SIZE, Encoding, decode, encode, unpack_stored
+from .codec import DEFAULT_MAX_SIZE, MAX_VALUES, Encoding, decode, encode, unpack_stored
 from .offsets import Offset, check_thread, offset_key
 
 __all__ = [
@@ -275,15 +275,20 @@ def check_event_ids(event_ids: Sequence[str] | None, count: int) -> list[str] | 
 
 
 def parse_command(
-    data: bytes | str, encoding: Encoding, *, max_size: int | None = DEFAULT_MAX_SIZE
+    data: bytes | str,
+    encoding: Encoding,
+    *,
+    max_size: int | None = DEFAULT_MAX_SIZE,
+    max_values: int | None = MAX_VALUES,
 ) -> Command:
-    """Parse one client frame. Raises :class:`CommandError` (never anything else)."""
+    """Parse one client frame of at most *max_size* bytes and *max_values* JSON
+    values. Raises :class:`CommandError` (never anything else)."""
     if encoding is Encoding.MSGPACK and isinstance(data, str):
         raise CommandError("bad_frame", "this connection speaks msgpack: send binary frames")
     if encoding is Encoding.JSON and not isinstance(data, str):
         raise CommandError("bad_frame", "this connection speaks JSON: send text frames")
     try:
-        frame = decode(data, encoding, max_size=max_size)
+        frame = decode(data, encoding, max_size=max_size, max_values=max_values)
     except PayloadTooLarge as exc:
         raise CommandError("payload_too_large", str(exc)) from None
     except DecodeError as exc:

@@ -1264,8 +1264,10 @@ async def test_publish_retried_after_a_lost_reply_is_stored_once(env: Env, encod
     stored_calls: list[list[str]] = []
     original = gateway.hub.publish
 
-    async def publish_then_cut(thread: str, events: Any, event_ids: Any = None) -> list[str]:
-        result = await original(thread, events, event_ids)
+    async def publish_then_cut(
+        thread: str, events: Any, event_ids: Any = None, **options: Any
+    ) -> list[str]:
+        result = await original(thread, events, event_ids, **options)
         stored_calls.append(list(event_ids or []))
         if len(stored_calls) == 1:
             # Stored, but the connection dies before the reply leaves.

@@ -90,3 +90,33 @@ async def test_a_frame_of_a_million_values_is_refused_without_a_stall(harness: H
     events = [f["event"] for f in frames if f.get("type") == "event"]
     assert [e["type"] for e in events] == ["RUN_STARTED"] + ["CUSTOM"] * rounds
     assert all(e["value"] == custom(fullest)["value"] for e in events[1:])
+
+
+async def test_the_value_limit_is_a_setting(harness: Harness) -> None:
+    """``max_frame_values`` lowers (or raises) the limit; its reply names the limit."""
+    gateway = await harness.gateway(max_frame_values=1_000)
+    client = await harness.client(gateway, JSON)
+    thread = "frame-values-setting"
+    run = {"type": "RUN_STARTED", "threadId": thread, "runId": "r"}
+    reply = await client.request({"type": "publish", "thread": thread, "events": [run]})
+    assert reply["type"] == "published", reply
+    small = {"type": "publish", "thread": thread, "events": [custom(900)]}
+    assert (await client.request(small))["type"] == "published"
+    await client.ws.send(
+        client.encode({"type": "publish", "thread": thread, "events": [custom(1_500)]})
+    )
+    reply = await client.recv(WAIT)
+    assert (reply["type"], reply.get("code")) == ("error", "payload_too_large"), reply
+    assert "more than 1000 JSON values" in reply["message"]
+    # The connection goes on.
+    assert (await client.request(small))["type"] == "published"
+
+
+def test_a_client_reads_its_gateway_s_frames_whatever_their_values() -> None:
+    """The limit guards the gateway's input; a client decoding a snapshot of a long
+    thread (any number of values, bounded by its max_receive_bytes) is not limited."""
+    from agui_hub.wire.codec import Encoding, decode, encode
+
+    frame = {"type": "snapshot", "events": [custom(MAX_VALUES * 2)]}
+    for encoding in (Encoding.JSON, Encoding.MSGPACK):
+        assert decode(encode(frame, encoding), encoding, max_size=None, max_values=None) == frame
