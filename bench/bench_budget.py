@@ -62,11 +62,7 @@ import functools
 import json
 import math
 import pstats
-import shutil
-import socket
 import statistics
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -74,6 +70,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+from bench_store import free_port, start_redis  # the same redis-server, no persistence
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as sync_connect
@@ -86,35 +83,6 @@ from agui_hub.store.memory import MemoryStore
 JSON = "agui-hub.v1.json"
 MSGPACK = "agui-hub.v1.msgpack"
 WAIT = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def start_redis() -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="agui-bench-")
-    proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
 
 
 async def request(ws: ClientConnection, frame: dict[str, Any]) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def start_redis() -> tuple[subprocess.Popen[bytes], str]:
             return proc, f"redis://127.0.0.1:{port}/0"
         except OSError:
             time.sleep(0.05)
+    proc.kill()
     raise SystemExit("redis-server did not start")
 
 
