@@ -267,7 +267,10 @@ class CommandHost(Protocol):
         ...
 
 
-def _resolve(future: asyncio.Future[None] | None) -> None:
+def wake(future: asyncio.Future[None] | None) -> None:
+    """Wake whoever awaits *future* (a writer's or a drain's waiter), once; a
+    future already done, or none, is left alone. Connections, commands and SSE
+    streams all wake their waiters with it."""
     if future is not None and not future.done():
         future.set_result(None)
 
@@ -555,7 +558,7 @@ class CommandHandler:
             if self.session.is_open:
                 await self.handle(command, entered, after)
         finally:
-            _resolve(entered)
+            wake(entered)
 
     async def handle(
         self,
@@ -610,7 +613,7 @@ class CommandHandler:
                 # The writer queues the events before it first awaits, and the
                 # next publish cannot run before this task awaits: resolved
                 # now, that one still queues behind this one.
-                _resolve(entered)
+                wake(entered)
                 work = WorkBudget(host.hub.limits.max_work)
                 try:
                     offsets = await host.hub.publish(thread, command.events, ids, work=work)

@@ -30,7 +30,7 @@ from ..wire.codec import Encoding
 from ..wire.protocol import CloseCode, encode_frame
 from .admission import client_address
 from .auth import Identity
-from .commands import CommandHandler, CommandHost
+from .commands import CommandHandler, CommandHost, wake
 
 __all__ = [
     "Connection",
@@ -121,11 +121,6 @@ def _send_joined(ws: ServerConnection) -> None:
         transport.close()
 
 
-def _resolve(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
-
-
 class ConnectionState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
@@ -160,7 +155,7 @@ class PendingFlushes:
             except Exception:
                 # Never the others' flush: this one's writer takes its queue.
                 log.exception("connection %s: flush failed", conn.remote)
-                _resolve(conn._wake)
+                wake(conn._wake)
 
 
 class ConnectionHost(CommandHost, Protocol):
@@ -306,7 +301,7 @@ class Connection:
             or ws.transport.is_closing()
             or not _BATCHED_WRITES
         ):
-            _resolve(self._wake)
+            wake(self._wake)
             return
         frames = self._take()
         try:
@@ -320,12 +315,12 @@ class Connection:
             self.state = ConnectionState.CLOSING
             queue.clear()
             self._queued_bytes = 0
-            _resolve(self._wake)
-            _resolve(self._drain)
+            wake(self._wake)
+            wake(self._drain)
             ws.transport.abort()
             return
         if queue or ws.paused:
-            _resolve(self._wake)  # more than a batch, or a full buffer: the writer's
+            wake(self._wake)  # more than a batch, or a full buffer: the writer's
 
     def has_room(self) -> bool:
         return self._queued_bytes <= self.gateway.config.send_queue_bytes
@@ -344,8 +339,8 @@ class Connection:
             self.state = ConnectionState.CLOSING
             self._queue.clear()
             self._queued_bytes = 0
-            _resolve(self._drain)
-            _resolve(self._wake)
+            wake(self._drain)
+            wake(self._wake)
             task = asyncio.ensure_future(self.ws.close(int(code), reason))
             chores = self.gateway.chores
             chores.add(task)
@@ -370,7 +365,7 @@ class Connection:
                 self.state = ConnectionState.CLOSING
             self._queue.clear()
             self._queued_bytes = 0
-            _resolve(self._drain)
+            wake(self._drain)
 
     async def _write_all(self) -> None:
         queue = self._queue
@@ -418,7 +413,7 @@ class Connection:
         counters.frames_out += len(frames)
         counters.bytes_out += size
         if self._queued_bytes <= self.gateway.config.send_queue_bytes // 2:
-            _resolve(self._drain)
+            wake(self._drain)
         return frames
 
     def _watch(self, last: int) -> None:
@@ -483,8 +478,8 @@ class Connection:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        _resolve(self._wake)
-        _resolve(self._drain)
+        wake(self._wake)
+        wake(self._drain)
         for thread in list(self.threads):
             self.gateway.hub.unsubscribe(self, thread)
         self.threads.clear()

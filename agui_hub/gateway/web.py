@@ -68,6 +68,7 @@ from ..wire.protocol import CloseCode, Position, Start, StartKind
 from ..wire.sse import encode_comment, encode_event
 from .admission import Admission
 from .auth import Action, Authenticator, Identity, credentials_of
+from .commands import wake
 from .config import GatewayConfig, limit_key
 from .fanout.channels import Hub
 from .run_access import RunAccess
@@ -192,7 +193,7 @@ class SseStream:
             before = self.queued_bytes
             self._queue.append(data)
             self.queued_bytes = before + len(data)
-            _resolve(self._wake)
+            wake(self._wake)
             if self.queued_bytes > self.bound and before > self.bound // 2:
                 if self.queued_bytes > 4 * self.bound:
                     self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
@@ -216,8 +217,8 @@ class SseStream:
                 self._push(encode_event(json.dumps({"code": int(code), "reason": reason}),
                                         event="close"))  # fmt: skip
             self.finished = True
-            _resolve(self._wake)
-            _resolve(self._drain)
+            wake(self._wake)
+            wake(self._drain)
 
     def close_for_restart(self) -> None:
         """End the stream for a drain (1012): the client reconnects, to any gateway,
@@ -254,7 +255,7 @@ class SseStream:
                 # client sees a run without its end (the thread still has it all).
                 log.warning("run stream of thread %s ended early: %s", self.thread, message)
                 self.finished = True
-                _resolve(self._wake)
+                wake(self._wake)
             return None
         if kind == "subscribed":
             info = {k: message.get(k) for k in ("thread", "epoch", "offset", "recovered")}
@@ -300,12 +301,12 @@ class SseStream:
         """Drop what is queued (a join that is started again)."""
         self._queue.clear()
         self.queued_bytes = 0
-        _resolve(self._drain)
+        wake(self._drain)
 
     def _push(self, data: bytes) -> None:
         self._queue.append(data)
         self.queued_bytes += len(data)
-        _resolve(self._wake)
+        wake(self._wake)
 
     # The response's side ------------------------------------------------------------------
 
@@ -327,7 +328,7 @@ class SseStream:
         chunk = b"".join(self._queue)
         self._queue.clear()
         self.queued_bytes = 0
-        _resolve(self._drain)
+        wake(self._drain)
         return chunk
 
     def gone(self) -> None:
@@ -335,13 +336,8 @@ class SseStream:
         self.open = False
         self._queue.clear()
         self.queued_bytes = 0
-        _resolve(self._wake)
-        _resolve(self._drain)
-
-
-def _resolve(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
+        wake(self._wake)
+        wake(self._drain)
 
 
 class _HttpError(Exception):
