@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from agui_hub.errors import OffsetExpired
 from agui_hub.store.contract import START, Entry, EventInput, FeedSubscription, Retention
+from agui_hub.store.redis.live import carried_entries
 from agui_hub.store.redis.store import RedisStore, notify_channel, stream_key
 
 from ..conftest import TIMEOUT_SCALE, RedisServer
@@ -362,3 +363,41 @@ async def test_a_bad_notification_at_the_cursor_is_read_not_believed(
         await other.close()
         await feed.close()
         await store.close()
+
+
+async def test_a_notification_of_entries_already_read_is_skipped(
+    store: RedisStore, redis_server: RedisServer
+) -> None:
+    """A read made after an append can take that append's entries before its
+    notification is handled: the notification then brings nothing new and
+    costs no second read (and delivers nothing twice)."""
+    admin = aioredis.from_url(redis_server.url)
+    (first,) = await store.append("t", [item(0)])
+    feed, reads = await live_feed(store, "t")
+    try:
+        epoch = await store.epoch("t")
+        (second,) = await store.append("t", [item(1)])
+        assert [e.offset for e in await asyncio.wait_for(collect(feed, 1), WAIT)] == [second]
+        # The notification of the entry just delivered, once more (prev is not the cursor).
+        stale = msgpack.packb([1, epoch, first, [second, "e1", "", "T", b"\x80"]])
+        await admin.publish(notify_channel(store.prefix, "t"), stale)
+        (third,) = await store.append("t", [item(2)])
+        got = await asyncio.wait_for(collect(feed, 1), WAIT)
+        assert [e.offset for e in got] == [third]
+        assert reads.count == 0
+    finally:
+        await admin.aclose()
+        await feed.close()
+        await store.close()
+
+
+def test_carried_entries_at_or_before_the_cursor_are_nothing_new() -> None:
+    entry = ["5-0", "id", "", "T", b"\x80"]
+    note = msgpack.packb([1, "ep", "3-0", entry])
+    assert carried_entries(note, "5-0", "ep") == ("ep", [])
+    assert carried_entries(note, "7-0", "ep") == ("ep", [])
+    assert carried_entries(note, "4-0", "ep") is None  # a gap: read
+    assert carried_entries(note, "5-0", "other") is None  # another epoch: read
+    assert carried_entries(note, "5-0", None) is None  # no epoch known yet: read
+    following = carried_entries(note, "3-0", "ep")
+    assert following is not None and [e.offset for e in following[1]] == ["5-0"]

@@ -518,6 +518,8 @@ class LiveReader:
         if carried is None:
             return False
         epoch, entries = carried
+        if not entries:
+            return True  # read already
         feed.epoch = epoch
         feed.cursor = entries[-1].offset
         for sub in list(feed.subs):
@@ -603,16 +605,21 @@ def carried_entries(
 ) -> tuple[str, list[Entry]] | None:
     """The epoch and entries a notification (*data*, see :data:`_CARRIED`)
     carries, if they follow *cursor* exactly in *epoch* (``None``: any epoch);
-    ``None`` when they do not, or when *data* is not such a notification:
-    the thread is then read after its cursor instead.
+    no entries when all of them are at or before *cursor* in that epoch (a
+    read made after the append took them already); ``None`` when they do not
+    follow, or when *data* is not such a notification: the thread is then
+    read after its cursor instead.
     """
     try:
         _, epoch_raw, prev, flat = msgpack.unpackb(data, raw=True, use_list=True)
         carried_epoch = epoch_raw.decode()
-        if prev.decode() != cursor or (epoch is not None and carried_epoch != epoch):
+        if epoch is not None and carried_epoch != epoch:
             return None
         if not flat or len(flat) % 5 or not all(type(x) is bytes for x in flat):
             return None
+        if prev.decode() != cursor:
+            read = epoch is not None and offset_key(flat[-5].decode()) <= offset_key(cursor)
+            return (carried_epoch, []) if read else None
         # Anyone may publish on the channel: only entries that really
         # follow the cursor, in order, are believed (else: read).
         last = offset_key(cursor)
