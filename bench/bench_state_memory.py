@@ -1,14 +1,17 @@
-"""What a state document costs in memory against what the writer's and the
-channels' budgets count for it (its approximate encoded size).
+"""What a state document costs in memory against what the writer's cache
+counts for it.
 
 Usage::
 
     python bench/bench_state_memory.py
 
 Each document is folded from a STATE_SNAPSHOT into the writer's
-``StateDocuments`` under ``tracemalloc``; printed: the size counted
-(``StateDocuments.size``, what ``--state-max-bytes`` and the writer's
-``max_state_cache_bytes`` count), the memory traced, and their ratio.
+``StateDocuments`` under ``tracemalloc``; printed: its approximate encoded size
+(``StateDocuments.size``, what ``--state-max-bytes`` bounds), the memory
+traced and its ratio to the encoded size, and the memory counted
+(``StateDocuments.memory``, what the writer's ``max_state_cache_bytes``
+budgets) with its ratio to the memory traced (1 or more: never less than
+what it costs).
 No I/O; a few seconds.
 """
 
@@ -35,13 +38,23 @@ CASES: dict[str, Any] = {
     "100,000 floats": {"a": [i * 0.5 for i in range(100_000)]},
     "100,000 empty lists": {"a": [[] for _ in range(100_000)]},
     "100,000 empty objects": {"a": [{} for _ in range(100_000)]},
+    "2,000 nested records of non-ASCII text": {
+        "rows": [
+            {
+                "who": {"name": f"Zoë {i}", "city": "Zürich"},
+                "note": "naïve café " * 4,
+                "n": 10**6 + i,
+            }
+            for i in range(2000)
+        ]
+    },
 }
 
 
 def main() -> None:
     limits = StateLimits(max_bytes=64 * 1024 * 1024)
-    print("| state document | counted | in memory | ratio |")
-    print("| --- | --- | --- | --- |")
+    print("| state document | encoded | in memory | / encoded | counted | counted / in memory |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, document in CASES.items():
         wire = msgpack.packb({"type": "STATE_SNAPSHOT", "snapshot": document})
         gc.collect()
@@ -51,7 +64,10 @@ def main() -> None:
         docs.apply(msgpack.unpackb(wire))
         used = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
-        print(f"| {name} | {docs.size:,} B | {used:,} B | {used / docs.size:.1f} |")
+        print(
+            f"| {name} | {docs.size:,} B | {used:,} B | {used / docs.size:.1f} "
+            f"| {docs.memory:,} B | {docs.memory / used:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,8 @@ class StateDocuments:
     exceeded), changing nothing.
     MESSAGES_SNAPSHOT and the messages of a run's input add, replace and
     remove activity messages as they do in the thread state; other events
-    change nothing here. It keeps no text, so it costs the size of the
-    documents only (:attr:`size`).
+    change nothing here. It keeps no text, so it costs the documents only
+    (:attr:`memory`; :attr:`size` is what the limits bound).
 
     Changes can be grouped: :meth:`begin`, then :meth:`commit` or
     :meth:`rollback` (a batch is stored whole or not at all).
@@ -69,7 +69,15 @@ class StateDocuments:
     messages in practice).
     """
 
-    __slots__ = ("_activities", "_activity_bytes", "_state", "_txn", "known", "limits")
+    __slots__ = (
+        "_activities",
+        "_activity_bytes",
+        "_activity_memory",
+        "_state",
+        "_txn",
+        "known",
+        "limits",
+    )
 
     def __init__(self, limits: StateLimits = DEFAULT_LIMITS, *, known: bool = True) -> None:
         self.limits = limits
@@ -78,6 +86,7 @@ class StateDocuments:
         self._state = Document({}, 2)
         self._activities: dict[Any, _Activity] = {}
         self._activity_bytes = 0
+        self._activity_memory = 0
         self._txn: list[UndoLog] | None = None
 
     @property
@@ -89,6 +98,12 @@ class StateDocuments:
     def size(self) -> int:
         """Approximate encoded bytes of the state document and every activity content."""
         return self._state.size + self._activity_bytes
+
+    @property
+    def memory(self) -> int:
+        """Bytes of memory the state document and the activity contents take
+        (see :class:`~agui_hub.agui.patch.Document`): what a cache of them counts."""
+        return self._state.memory + self._activity_memory
 
     def activity(self, message_id: str) -> Any:
         """The content of an activity message, ``None`` when there is none with this id."""
@@ -155,20 +170,25 @@ class StateDocuments:
     ) -> None:
         activities = self._activities
         undo.attr(self, "_activity_bytes")
+        undo.attr(self, "_activity_memory")
         old = activities.get(message_id)
         if old is None:
             undo.added_key(activities, message_id)
         else:
             undo.replaced_key(activities, message_id, old)
             self._activity_bytes -= old.doc.size
+            self._activity_memory -= old.doc.memory
         activities[message_id] = _Activity(activity_type, doc)
         self._activity_bytes += doc.size
+        self._activity_memory += doc.memory
 
     def _drop_activity(self, message_id: Any, undo: UndoLog) -> None:
         old = self._activities.pop(message_id)
         undo.attr(self, "_activity_bytes")
+        undo.attr(self, "_activity_memory")
         undo.removed_key(self._activities, message_id, old)
         self._activity_bytes -= old.doc.size
+        self._activity_memory -= old.doc.memory
 
 
 def _doc_state_snapshot(d: StateDocuments, e: WireEvent, undo: UndoLog, work: WorkBudget) -> None:
@@ -200,13 +220,15 @@ def _doc_activity_delta(d: StateDocuments, e: WireEvent, undo: UndoLog, work: Wo
     if activity is None:
         return
     undo.attr(d, "_activity_bytes")
+    undo.attr(d, "_activity_memory")
     undo.attr(activity, "type")
     undo.attr(activity, "doc")
-    before = activity.doc.size
+    size, memory = activity.doc.size, activity.doc.memory
     if not activity.doc.root:
         activity.doc = Document({}, 2)  # as ThreadState: a patch of a missing content patches {}
     apply_patch(activity.doc, patch, d.limits, undo, "ACTIVITY_DELTA", "the activity content", work)
-    d._activity_bytes += activity.doc.size - before
+    d._activity_bytes += activity.doc.size - size
+    d._activity_memory += activity.doc.memory - memory
     activity.type = activity_type
 
 

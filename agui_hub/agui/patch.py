@@ -3,7 +3,9 @@
 A :class:`Document` is one patchable value of a thread's folded state: the
 shared state document, or the content of one activity message. It carries a
 running estimate of its encoded size, so that :class:`StateLimits` can be
-checked per operation without walking the whole document.
+checked per operation without walking the whole document, and a running
+count of what it costs in memory, which the caches that keep documents
+budget.
 
 * :func:`apply_patch` patches a document in place and logs every change into
   an :class:`UndoLog`; on an error the caller rolls the log back and the
@@ -29,7 +31,16 @@ every ownership, by bumping the generation the ownership is valid for.
 Sizes are estimates of the JSON encoding: measured once per value that
 enters or leaves the document, by an iterative walker that stops as soon as
 a limit is exceeded, and kept as a running total. Nothing recurses, so no
-nesting can overflow the stack.
+nesting can overflow the stack. The same walk counts memory: every
+container's own ``sys.getsizeof`` (its table, with any room it kept after
+removals), every scalar that is not one of Python's shared singletons
+(``None``, booleans, small integers), and every key with the slot it takes
+in the interpreter's table of interned strings (msgpack interns the keys it
+decodes), each time it occurs. So a key that decoding shared between
+objects, and a value that ``copy`` shared, count once per place: an upper
+bound, up to about twice the memory for a list of small records. A small object
+decoded from msgpack costs 3 to 25 times its encoded size in memory: the
+encoded size alone would let a cache several times its budget.
 
 Errors: :class:`~agui_hub.errors.PatchError` for a patch that does not apply,
 :class:`~agui_hub.errors.LimitExceeded` for one (or a snapshot) past the
@@ -40,6 +51,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,20 +116,27 @@ class _Over(Exception):
     """A limit exceeded (becomes a LimitExceeded); ``args[0]`` names the limit."""
 
 
+_EMPTY_OBJECT = sys.getsizeof({})
+
+
 class Document:
     """One patchable document: the state, or the content of an activity message.
 
     Make one with :func:`snapshot_document` or :func:`adopted_document`
     (``Document({}, 2)`` is the empty object), and change it only through
-    :func:`apply_patch`, which keeps :attr:`size` and :attr:`owned` right.
+    :func:`apply_patch`, which keeps :attr:`size`, :attr:`memory` and
+    :attr:`owned` right.
     """
 
-    __slots__ = ("gen", "owned", "root", "size")
+    __slots__ = ("gen", "memory", "owned", "root", "size")
 
-    def __init__(self, root: Any, size: int, gen: int = 0) -> None:
+    def __init__(self, root: Any, size: int, memory: int = _EMPTY_OBJECT, gen: int = 0) -> None:
         self.root = root
         self.size = size
         """Approximate encoded size in bytes."""
+        self.memory = memory
+        """Bytes of memory its values take (see the module's docstring): what a
+        cache of documents counts. (The default is that of ``{}``.)"""
         self.owned: set[int] = set()
         """ids of the containers this document may change in place."""
         self.gen = gen
@@ -272,6 +291,24 @@ class UndoLog:
         self.orders.clear()
 
 
+def _scalar_memory(value: Any) -> int:
+    """Bytes a scalar (or a key) takes; 0 for the singletons every value shares."""
+    if value is None or value is True or value is False:
+        return 0
+    if type(value) is int and -5 <= value <= 256:
+        return 0  # CPython's cached small integers
+    return sys.getsizeof(value)
+
+
+_INTERNED_SLOT = 48
+"""Bytes of the interpreter's table of interned strings one key takes (msgpack
+interns the keys it decodes; the table's growth measured at 40 to 100 B a key)."""
+
+
+def _key_memory(key: Any) -> int:
+    return _scalar_memory(key) + _INTERNED_SLOT
+
+
 def _scalar_size(value: Any) -> int:
     if isinstance(value, str):
         return len(value) + 2
@@ -282,11 +319,12 @@ def _scalar_size(value: Any) -> int:
     return 8
 
 
-def _frame(node: Any, entered_at: int) -> list[Any]:
-    """A walker's frame: [container, iterator, is_dict, total when entered, highest item]."""
+def _frame(node: Any, entered_at: int, memory_at: int) -> list[Any]:
+    """A walker's frame: [container, iterator, is_dict, total when entered,
+    highest item, memory when entered]."""
     if isinstance(node, dict):
-        return [node, iter(node.items()), True, entered_at, 0]
-    return [node, iter(node), False, entered_at, 0]
+        return [node, iter(node.items()), True, entered_at, 0, memory_at]
+    return [node, iter(node), False, entered_at, 0, memory_at]
 
 
 def _measure(
@@ -296,9 +334,10 @@ def _measure(
     meter: _Meter | None = None,
     owned: set[int] | None = None,
     work: WorkBudget | None = None,
-) -> tuple[int, int]:
-    """(approximate encoded size, height) of *value*; a scalar has height 0,
-    a container one more than its highest item.
+) -> tuple[int, int, int]:
+    """(approximate encoded size, height, memory) of *value*; a scalar has
+    height 0, a container one more than its highest item; memory as the
+    module's docstring says.
 
     Raises ``_Over("max_bytes")`` as soon as the size exceeds *room*,
     ``_Over("max_depth")`` as soon as the height would exceed *max_height*
@@ -316,7 +355,7 @@ def _measure(
             raise _Over("max_bytes")
         if work is not None:
             work.charge(_W_ITEM)
-        return size, 0
+        return size, 0, _scalar_memory(value)
     if max_height is not None and max_height < 1:
         raise _Over("max_depth")
     # Work is counted in a local and charged once, or as soon as it would
@@ -327,10 +366,12 @@ def _measure(
         assert work is not None
         work.charge(steps)
     try:
-        memo: dict[int, tuple[int, int]] = {}
+        getsizeof = sys.getsizeof
+        memo: dict[int, tuple[int, int, int]] = {}
         shared = 0  # bytes counted from memo, not walked
         total = 2
-        stack: list[list[Any]] = [_frame(value, 0)]
+        memory = sys.getsizeof(value)
+        stack: list[list[Any]] = [_frame(value, 0, 0)]
         if owned is not None:
             owned.discard(id(value))
         while stack:
@@ -341,6 +382,7 @@ def _measure(
                 if is_dict:
                     key, child = item
                     total += (len(key) if isinstance(key, str) else 8) + 4
+                    memory += getsizeof(key) + _INTERNED_SLOT
                     steps += _W_ENTRY
                 else:
                     child = item
@@ -350,6 +392,7 @@ def _measure(
                     known = memo.get(id(child))
                     if known is not None:
                         total += known[0]
+                        memory += known[2]
                         shared += known[0]
                         if known[1] > top[4]:
                             top[4] = known[1]
@@ -360,12 +403,22 @@ def _measure(
                             raise _Over("max_depth")
                         if owned is not None:
                             owned.discard(id(child))
-                        stack.append(_frame(child, total))
+                        stack.append(_frame(child, total, memory))
                         total += 2
+                        memory += sys.getsizeof(child)
                         steps += _W_CONTAINER
                         entered = True
+                elif isinstance(child, str):  # _scalar_size and _scalar_memory, inline
+                    total += len(child) + 2
+                    memory += getsizeof(child)
+                elif child is None or child is True:
+                    total += 4
+                elif child is False:
+                    total += 5
                 else:
-                    total += _scalar_size(child)
+                    total += 8
+                    if type(child) is not int or not -5 <= child <= 256:
+                        memory += getsizeof(child)
                 if total > room:
                     raise _Over("max_bytes")
                 if steps > affordable:
@@ -379,7 +432,7 @@ def _measure(
                 continue
             stack.pop()
             height = top[4] + 1
-            memo[id(top[0])] = (total - top[3], height)
+            memo[id(top[0])] = (total - top[3], height, memory - top[5])
             if stack and height > stack[-1][4]:
                 stack[-1][4] = height
         if meter is not None:
@@ -392,7 +445,7 @@ def _measure(
         raise
     if work is not None:
         work.charge(steps)
-    return total, memo[id(value)][1]
+    return total, memo[id(value)][1], memory
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -476,6 +529,7 @@ class _Patcher:
             raise _Fail("a JSON Patch is a list of operations")
         doc, undo = self.doc, self.undo
         undo.attr(doc, "size")
+        undo.attr(doc, "memory")
         undo.attr(doc, "root")
         for n, op in enumerate(patch):
             if not isinstance(op, dict):
@@ -538,7 +592,7 @@ class _Patcher:
         work = self.work
         if id(node) not in owned:
             work.charge(1 + len(node) // _COPY_SLOTS)
-            node = dict(node) if isinstance(node, dict) else list(node)
+            node = self._copy(node)
             owned.add(id(node))
             doc.root = node  # the undo log holds the root already
         for depth in range(1, len(tokens)):
@@ -555,15 +609,24 @@ class _Patcher:
                 raise _Fail(f"{_render(tokens[:depth])} is not an object or array")
             if id(child) not in owned:
                 work.charge(1 + len(child) // _COPY_SLOTS)
-                child = dict(child) if isinstance(child, dict) else list(child)
+                child = self._copy(child)
                 owned.add(id(child))
                 undo.log.append((_U_SET, node, key, node[key]))
                 node[key] = child
             node = child
         return node
 
-    def _old_size(self, value: Any) -> int:
-        return _measure(value, math.inf, None, self.meter, work=self.work)[0]
+    def _copy(self, node: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
+        """A copy of one level of *node*, to change in place (its table may be smaller)."""
+        copied = dict(node) if isinstance(node, dict) else list(node)
+        self.doc.memory += sys.getsizeof(copied) - sys.getsizeof(node)
+        return copied
+
+    def _forget(self, value: Any) -> None:
+        """Count *value* (which leaves the document) out of its size and memory."""
+        size, _, memory = _measure(value, math.inf, None, self.meter, work=self.work)
+        self.doc.size -= size
+        self.doc.memory -= memory
 
     def _put(
         self,
@@ -579,7 +642,7 @@ class _Patcher:
         work = self.work if existing else None
         if move_from is None:
             # Measured first: this also makes the value (a copy's source) shared.
-            size, _ = _measure(
+            size, _, memory = _measure(
                 value,
                 limits.max_bytes,
                 limits.max_depth - len(tokens),
@@ -588,32 +651,42 @@ class _Patcher:
                 work,
             )
         else:
-            size = 0  # moved: the size of the document changes only by the keys
+            # Moved: the document changes only by the keys (and its tables).
+            size = memory = 0
             if len(tokens) > len(move_from):
                 _measure(value, math.inf, limits.max_depth - len(tokens), self.meter, work=work)
         if not tokens:
             doc.root = value
-            doc.size = size if move_from is None else self._old_size(value)
+            if move_from is None:
+                doc.size, doc.memory = size, memory
+            else:
+                doc.size, _, doc.memory = _measure(
+                    value, math.inf, None, self.meter, work=self.work
+                )
         else:
             parent = self._parent(tokens)
+            table = sys.getsizeof(parent)
             last = tokens[-1]
             if isinstance(parent, dict):
                 old = parent.get(last, _MISSING)
                 if old is _MISSING:
                     self.undo.log.append((_U_NEWKEY, parent, last, None))
-                    doc.size += len(last) + 4 + size
+                    doc.size += len(last) + 4
+                    doc.memory += _key_memory(last)
                 else:
                     self.undo.log.append((_U_SET, parent, last, old))
-                    doc.size += size - self._old_size(old)
+                    self._forget(old)
                 parent[last] = value
             elif isinstance(parent, list):
                 index = _index(tokens, len(parent), end=True)
                 self.work.charge((len(parent) - index) // _SHIFT_SLOTS)
                 parent.insert(index, value)
                 self.undo.log.append((_U_INSERT, parent, index, None))
-                doc.size += 1 + size
+                doc.size += 1
             else:
                 raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
+            doc.size += size
+            doc.memory += memory + sys.getsizeof(parent) - table
         if doc.size > limits.max_bytes:
             raise _Over("max_bytes")
 
@@ -622,6 +695,7 @@ class _Patcher:
             raise _Fail("the whole document cannot be removed")
         doc = self.doc
         parent = self._parent(tokens)
+        table = sys.getsizeof(parent)
         last = tokens[-1]
         if isinstance(parent, dict):
             old = parent.get(last, _MISSING)
@@ -634,6 +708,7 @@ class _Patcher:
             del parent[last]
             self.undo.log.append((_U_DELKEY, parent, last, old))
             doc.size -= len(last) + 4
+            doc.memory -= _key_memory(last)
         elif isinstance(parent, list):
             index = _index(tokens, len(parent), end=False)
             self.work.charge((len(parent) - index) // _SHIFT_SLOTS)
@@ -642,17 +717,18 @@ class _Patcher:
             doc.size -= 1
         else:
             raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
+        doc.memory += sys.getsizeof(parent) - table
         if measure:
-            doc.size -= self._old_size(old)
+            self._forget(old)
         return old
 
     def _replace(self, tokens: tuple[str, ...], value: Any) -> None:
         doc, limits = self.doc, self.limits
-        size, _ = _measure(
+        size, _, memory = _measure(
             value, limits.max_bytes, limits.max_depth - len(tokens), self.meter, doc.owned
         )
         if not tokens:
-            doc.root, doc.size = value, size
+            doc.root, doc.size, doc.memory = value, size, memory
             return
         parent = self._parent(tokens)
         key: Any = tokens[-1]
@@ -667,7 +743,9 @@ class _Patcher:
             raise _Fail(f"{_render(tokens[:-1]) or 'the root'} is not an object or array")
         self.undo.log.append((_U_SET, parent, key, old))
         parent[key] = value
-        doc.size += size - self._old_size(old)
+        self._forget(old)
+        doc.size += size
+        doc.memory += memory
         if doc.size > limits.max_bytes:
             raise _Over("max_bytes")
 
@@ -740,13 +818,14 @@ def snapshot_document(value: Any, limits: StateLimits, what: str, where: str) ->
     owns nothing yet: *value* is the event's own, shared.
     """
     try:
-        size, _ = _measure(value, limits.max_bytes, limits.max_depth)
+        size, _, memory = _measure(value, limits.max_bytes, limits.max_depth)
     except _Over as over:
         raise _limit_error(over, limits, what, where) from None
-    return Document(value, size)
+    return Document(value, size, memory)
 
 
 def adopted_document(value: Any) -> Document:
     """A document of a value that is already in the state, whatever its size
     (the state was assigned from outside, a message snapshot brought it)."""
-    return Document(value, _measure(value, math.inf, None)[0])
+    size, _, memory = _measure(value, math.inf, None)
+    return Document(value, size, memory)

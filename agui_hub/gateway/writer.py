@@ -196,7 +196,7 @@ DEFAULT_MAX_THREADS = 10_000
 published to are dropped first, and read again from the store when needed)."""
 
 DEFAULT_MAX_STATE_CACHE_BYTES = 256 * 1024 * 1024
-"""Bytes of state documents a writer keeps by default, over all its threads."""
+"""Bytes of memory of state documents a writer keeps by default, over all its threads."""
 
 
 class ThreadWriter:
@@ -207,8 +207,10 @@ class ThreadWriter:
     limits). Its memory is bounded: what it knows of at most *max_threads*
     threads, those published to most recently, and at most about
     *max_state_cache_bytes* of their state documents and activity contents
-    (approximate encoded size; least recently published threads are dropped
-    first, the one being published to is always kept). A dropped thread is
+    (what they take in memory, counted as
+    :attr:`~agui_hub.agui.documents.StateDocuments.memory` does; least
+    recently published threads are dropped first, the one being published to
+    is always kept). A dropped thread is
     read again from the store when it is next published to.
     """
 
@@ -612,7 +614,7 @@ class ThreadWriter:
     def _account(self, thread: str, seen: _Seen) -> None:
         """Count *seen*'s state documents anew, and drop threads while over the bounds."""
         if self._seen.get(thread) is seen:
-            size = seen.docs.size
+            size = seen.docs.memory
             self._state_bytes += size - seen.cached
             seen.cached = size
         while len(self._seen) > self.max_threads or (

@@ -754,6 +754,7 @@ def test_json_patch_agrees_with_the_jsonpatch_library() -> None:
             docs = StateDocuments()
             docs.apply({"type": "STATE_SNAPSHOT", "snapshot": state.state})
             assert state._doc is not None and state._doc.size == docs.size
+            assert state._doc.memory == docs.memory  # and so is the running memory
         compared += 1
     assert compared > 1200
 

@@ -833,7 +833,7 @@ async def test_the_writer_bounds_the_bytes_of_state_it_keeps(stores: Stores) -> 
         await publish(writer, thread, [snapshot({"blob": "x" * 20_000, "n": n})])
         await publish(writer, thread, [delta({"op": "replace", "path": "/n", "value": n + 100})])
         assert writer._state_bytes <= 50_000
-        assert writer._state_bytes == sum(seen.docs.size for seen in writer._seen.values())
+        assert writer._state_bytes == sum(seen.docs.memory for seen in writer._seen.values())
     assert len(writer._seen) == 2  # two documents of ~20 kB fit
     # A thread dropped for room is read again, and judged as before.
     with pytest.raises(PatchError):
@@ -844,9 +844,24 @@ async def test_the_writer_bounds_the_bytes_of_state_it_keeps(stores: Stores) -> 
     await publish(alone, threads[1], [delta({"op": "replace", "path": "/n", "value": 8})])
     assert list(alone._seen) == [threads[1]]
     writer.forget(threads[0])
-    assert writer._state_bytes == sum(seen.docs.size for seen in writer._seen.values())
+    assert writer._state_bytes == sum(seen.docs.memory for seen in writer._seen.values())
     with pytest.raises(ValueError):
         ThreadWriter(store, max_state_cache_bytes=-1)
+
+
+async def test_the_state_cache_counts_memory_not_encoded_bytes(stores: Stores) -> None:
+    """5,000 empty lists encode to 15 kB and take about 360 kB: the cache
+    counts the latter, so a 1 MB budget keeps three such threads, not sixty."""
+    store = stores.open()
+    writer = ThreadWriter(store, max_state_cache_bytes=1_000_000)
+    for _ in range(5):
+        thread = new_thread()
+        await publish(writer, thread, [run_started(thread)])
+        await publish(writer, thread, [snapshot({"a": [[] for _ in range(5000)]})])
+        seen = writer._seen[thread]
+        assert seen.docs.size < 16_000 and seen.docs.memory > 300_000
+        assert writer._state_bytes <= 1_000_000
+    assert len(writer._seen) == 3
 
 
 class YieldingReads:
