@@ -55,6 +55,7 @@ __all__ = [
     "Event",
     "EventType",
     "Message",
+    "ValuesExhausted",
     "message_to_wire",
     "parse_event",
     "parse_message",
@@ -858,7 +859,18 @@ _FORBIDDEN_KEY_MESSAGE = (
 )
 
 
-def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, depth: int = 0) -> None:
+class ValuesExhausted(Exception):
+    """Raised by :func:`check_json_value` when *values* ran out: the value holds
+    more than its caller allows. Not a ProtocolError: the caller says what it
+    means (a codec: a payload too large)."""
+
+
+def check_json_value(
+    value: Any,
+    error: type[ProtocolError] = InvalidEvent,
+    depth: int = 0,
+    values: list[int] | None = None,
+) -> None:
     """Raise *error* unless *value* is made of JSON values only.
 
     JSON values: dicts with string keys, lists, strings, integers, finite
@@ -866,6 +878,11 @@ def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, dept
     Anything else could not be sent to a JSON subscriber unchanged. The key
     :data:`FORBIDDEN_KEY` is refused too: JavaScript subscribers could not
     take it.
+
+    With *values* (``[n]``), the same walk counts the values (array items and
+    object entries, nested) down from ``n`` and raises
+    :class:`ValuesExhausted` as soon as there are more than ``n``, before it
+    walks them.
     """
     if depth > MAX_DEPTH:
         raise error(f"value nested deeper than {MAX_DEPTH} levels")
@@ -877,16 +894,24 @@ def check_json_value(value: Any, error: type[ProtocolError] = InvalidEvent, dept
             raise error("NaN and infinity are not allowed: JSON cannot express them")
         return
     if kind is dict:
+        if values is not None:
+            values[0] -= len(value)
+            if values[0] < 0:
+                raise ValuesExhausted
         for key, item in value.items():
             if type(key) is not str:
                 raise error(f"map key {key!r} is not a string: JSON objects need string keys")
             if key == FORBIDDEN_KEY:
                 raise error(_FORBIDDEN_KEY_MESSAGE)
-            check_json_value(item, error, depth + 1)
+            check_json_value(item, error, depth + 1, values)
         return
     if kind is list:
+        if values is not None:
+            values[0] -= len(value)
+            if values[0] < 0:
+                raise ValuesExhausted
         for item in value:
-            check_json_value(item, error, depth + 1)
+            check_json_value(item, error, depth + 1, values)
         return
     if kind is bytes:
         raise error("binary strings are not allowed: send text (e.g. base64)")
@@ -915,14 +940,16 @@ def _check_event_values(wire: dict[str, Any]) -> None:
                 ) from None
 
 
-def validate_wire(obj: Any) -> dict[str, Any]:
+def validate_wire(obj: Any, *, values_checked: bool = False) -> dict[str, Any]:
     """Validate *obj* as an AG-UI event and return its canonical wire dict.
 
     Equivalent to ``to_wire(parse_event(obj))`` and faster for the common
     flat events; also rejects values JSON cannot express (NaN, infinity,
     bytes, non-string keys, nesting deeper than :data:`MAX_DEPTH`), so that
-    every valid event can go to msgpack and JSON subscribers alike. Raises
-    :class:`InvalidEvent`.
+    every valid event can go to msgpack and JSON subscribers alike
+    (*values_checked*: :func:`check_json_value` passed on *obj* already, as
+    it does on every frame a msgpack decoder of the codec returns; its values
+    are not walked again). Raises :class:`InvalidEvent`.
     """
     if type(obj) is dict:
         event_type = obj.get("type")
@@ -939,10 +966,11 @@ def validate_wire(obj: Any) -> dict[str, Any]:
                 for key, default in path.defaults:
                     if key not in wire:
                         wire[key] = default
-                _check_event_values(wire)
+                if not values_checked:
+                    _check_event_values(wire)
                 return wire
     event = parse_event(obj)  # structural problems first: they are the clearer message
-    if type(obj) is dict:
+    if type(obj) is dict and not values_checked:
         _check_event_values(obj)
     try:
         return to_wire(event)
@@ -950,8 +978,9 @@ def validate_wire(obj: Any) -> dict[str, Any]:
         raise InvalidEvent(f"invalid {event.type.value} event: {exc}") from None
 
 
-def validate_batch(events: Iterable[Any]) -> list[dict[str, Any]]:
-    """:func:`validate_wire` for each of *events*, in order.
+def validate_batch(events: Iterable[Any], *, values_checked: bool = False) -> list[dict[str, Any]]:
+    """:func:`validate_wire` for each of *events*, in order (*values_checked*
+    as for :func:`validate_wire`).
 
     The :class:`InvalidEvent` raised for a bad event carries that event's
     position in *events* as its ``index``.
@@ -959,7 +988,7 @@ def validate_batch(events: Iterable[Any]) -> list[dict[str, Any]]:
     wires = []
     for index, event in enumerate(events):
         try:
-            wires.append(validate_wire(event))
+            wires.append(validate_wire(event, values_checked=values_checked))
         except InvalidEvent as exc:
             exc.index = index
             raise

@@ -616,7 +616,13 @@ class CommandHandler:
                 wake(entered)
                 work = WorkBudget(host.hub.limits.max_work)
                 try:
-                    offsets = await host.hub.publish(thread, command.events, ids, work=work)
+                    offsets = await host.hub.publish(
+                        thread,
+                        command.events,
+                        ids,
+                        work=work,
+                        values_checked=command.values_checked,
+                    )
                 finally:
                     # Refused or stored, judging it cost this much, to the
                     # connection and to the thread.

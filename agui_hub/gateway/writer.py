@@ -246,6 +246,7 @@ class ThreadWriter:
         event_ids: Sequence[str] | None = None,
         *,
         work: WorkBudget | None = None,
+        values_checked: bool = False,
     ) -> list[Offset]:
         """Validate, check the sequence, store: all or nothing. Returns one offset per event.
 
@@ -282,10 +283,14 @@ class ThreadWriter:
         (:attr:`~agui_hub.agui.patch.WorkBudget.spent`, judged again after
         what others stored included), as a connection's work rate does. The
         judgement lets other tasks run every :data:`YIELD_WORK` units.
+
+        *values_checked*: the events' values passed
+        :func:`~agui_hub.agui.events.check_json_value` already (a gateway's
+        msgpack frame), and are not walked again.
         """
         if work is None:
             work = WorkBudget(self.limits.max_work)
-        wires = validate_batch(events)
+        wires = validate_batch(events, values_checked=values_checked)
         total = 0
         for n, wire in enumerate(wires):
             try:

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from ..agui.events import MAX_DEPTH, check_json_value, validate_wire
+from ..agui.events import MAX_DEPTH, ValuesExhausted, check_json_value, validate_wire
 from ..errors import DecodeError, PayloadTooLarge
 
 __all__ = [
@@ -187,7 +187,7 @@ def unpack_stored(data: bytes) -> Any:
     return _paused_gc(msgpack.unpackb, data, raw=False)
 
 
-def _unpack_counted(data: bytes, max_values: int | None) -> Any:
+def _unpack_checked(data: bytes, max_values: int | None) -> Any:
     value = msgpack.unpackb(
         data,
         raw=False,
@@ -195,11 +195,17 @@ def _unpack_counted(data: bytes, max_values: int | None) -> Any:
         ext_hook=_reject_ext,
         timestamp=0,
     )
-    # Counted before the collector runs again, one step per array or map: a
-    # refused frame is freed here, before any collection looks at it (and not
-    # kept alive by a traceback), and the check that walks every value only
-    # sees frames within the limit.
-    if max_values is not None and count_json_values(value, max_values) > max_values:
+    # Checked and counted in one walk, before the collector runs again, which
+    # stops at the limit: a refused frame is freed here, before any
+    # collection looks at it (and not kept alive by a traceback).
+    left = None if max_values is None else [max_values]
+    exhausted = False
+    try:
+        check_json_value(value, DecodeError, 0, left)
+    except ValuesExhausted:
+        exhausted = True
+    if exhausted:
+        assert max_values is not None
         del value
         raise _too_many_values(max_values)
     return value
@@ -219,13 +225,15 @@ def decode_msgpack(
 ) -> Any:
     """Decode one msgpack value made of JSON values only, holding at most
     *max_values* values (:func:`count_json_values`; ``None``: not counted, for
-    a client reading its own gateway's frames).
+    a client reading its own gateway's frames). What it returns passed
+    :func:`~agui_hub.agui.events.check_json_value`: validate its events with
+    ``values_checked=True``.
 
     Raises :class:`PayloadTooLarge` or :class:`DecodeError`.
     """
     _check_size(data, max_size)
     try:
-        value = _paused_gc(_unpack_counted, data, max_values)
+        value = _paused_gc(_unpack_checked, data, max_values)
     except DecodeError:
         raise
     except msgpack.StackError:
@@ -236,7 +244,6 @@ def decode_msgpack(
         raise DecodeError("malformed msgpack: extra bytes after the value") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise DecodeError(f"malformed msgpack: {str(exc) or type(exc).__name__}") from None
-    check_json_value(value, DecodeError)
     return value
 
 

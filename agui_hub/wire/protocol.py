@@ -163,6 +163,10 @@ class Publish:
     thread: str
     events: list[Any]
     event_ids: list[str] | None
+    values_checked: bool = field(default=False, compare=False)
+    """Whether the events' values passed ``check_json_value`` already (a
+    msgpack frame's do, as it is decoded): validate them with
+    ``values_checked``, which does not walk them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +333,7 @@ def parse_command(
                 "eventIds must be a list of different non-empty strings, one per event",
                 command_id,
             )
-        return Publish(command_id, thread, events, ids)
+        return Publish(command_id, thread, events, ids, encoding is Encoding.MSGPACK)
     if kind == "ping":
         return Ping(command_id)
     if kind == "auth":

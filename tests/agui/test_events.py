@@ -1226,3 +1226,17 @@ def test_validate_batch_names_the_position_of_the_bad_event() -> None:
     with pytest.raises(InvalidEvent) as single:
         validate_wire({"type": "NOPE"})
     assert single.value.index is None
+
+
+def test_values_checked_leaves_the_values_unwalked() -> None:
+    """A caller that checked the values (a msgpack frame's decoder) says so,
+    and validate_wire does not walk them again; by default it does."""
+    bad = {"type": "CUSTOM", "name": "n", "value": {"__proto__": 1}}
+    with pytest.raises(InvalidEvent, match="__proto__"):
+        validate_wire(bad)
+    assert validate_wire(bad, values_checked=True)["value"] == {"__proto__": 1}
+    with pytest.raises(InvalidEvent, match="NaN"):
+        validate_batch([{"type": "STATE_SNAPSHOT", "snapshot": {"x": math.nan}}])
+    assert validate_batch(
+        [{"type": "STATE_SNAPSHOT", "snapshot": {"x": 1.5}}], values_checked=True
+    ) == [{"type": "STATE_SNAPSHOT", "snapshot": {"x": 1.5}}]

@@ -177,6 +177,8 @@ def test_publish(encoding: Encoding) -> None:
     # eventIds are optional.
     del frame["eventIds"]
     assert parse(frame, encoding) == Publish(7, "t1", events, None)
+    # A msgpack frame's values were checked as it was decoded; a JSON frame's were not.
+    assert parse(frame, encoding).values_checked == (encoding is Encoding.MSGPACK)
 
 
 def test_publish_does_not_validate_events_itself() -> None:

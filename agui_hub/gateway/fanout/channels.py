@@ -599,10 +599,13 @@ class Hub:
         event_ids: Sequence[str] | None = None,
         *,
         work: WorkBudget | None = None,
+        values_checked: bool = False,
     ) -> list[Offset]:
         """Validate, check the sequence, store: see :meth:`ThreadWriter.publish`
         (*work*: the publish's budget, to read what it cost)."""
-        return await self.writer.publish(thread, events, event_ids, work=work)
+        return await self.writer.publish(
+            thread, events, event_ids, work=work, values_checked=values_checked
+        )
 
     async def fold(self, thread: str) -> tuple[ThreadState, str | None, Offset]:
         """The thread as stored now, folded: ``(state, epoch, cursor)``.

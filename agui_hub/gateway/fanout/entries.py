@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...agui.events import check_json_value
+from ...agui.events import EventType, check_json_value
 from ...agui.reducer import ThreadState
 from ...store.contract import Entry
 from ...wire.codec import Encoding, unpack_stored
@@ -20,6 +20,11 @@ from ...wire.protocol import event_frame
 __all__ = ["LOGGED_SKIPS", "EntryReader"]
 
 log = logging.getLogger("agui_hub.hub")
+
+_NOT_FOLDED = frozenset({EventType.RAW, EventType.CUSTOM})
+"""Event types the fold ignores: their values never reach a snapshot, so
+they are not walked to check them (a JSON member's frame is checked as it is
+encoded)."""
 
 LOGGED_SKIPS = 5
 """Entries per channel whose skip is logged as a warning (later ones at debug level)."""
@@ -73,11 +78,12 @@ class EntryReader:
             if event is None:
                 return False
         try:
-            for value in event.values():
-                if type(value) in (dict, list, bytes, float):
-                    # Binary values (a plain-XADD producer's msgpack) would make
-                    # every JSON snapshot unencodable: not folded.
-                    check_json_value(value)
+            if event.get("type") not in _NOT_FOLDED:
+                for value in event.values():
+                    if type(value) in (dict, list, bytes, float):
+                        # Binary values (a plain-XADD producer's msgpack) would
+                        # make every JSON snapshot unencodable: not folded.
+                        check_json_value(value)
             state.apply(event)
         except Exception as exc:  # one entry never ends a channel
             # A stored event the reducer cannot apply (a plain-XADD producer's
