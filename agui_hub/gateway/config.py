@@ -88,6 +88,10 @@ class GatewayConfig:
     """Work units the state deltas of one publish may spend on values the state
     holds already (copies, removals, replacements, moves; one unit is about one
     value visited): past it the publish is refused ``limit_exceeded``."""
+    strict_patches: bool = False
+    """Refuse (``patch_error``) a STATE_DELTA or ACTIVITY_DELTA whose patch does not
+    apply, instead of storing it as the official client takes it (a warning; the
+    state stays as it was)."""
     require_durable_store: bool = False
     """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
     loop: str = "asyncio"
@@ -609,6 +613,9 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "instead (default 4 MiB)",
         "state_max_bytes": "largest folded state document of a thread (default 8 MiB)",
         "state_max_depth": "deepest nesting of a thread's state (default 64)",
+        "strict_patches": "refuse a STATE_DELTA or ACTIVITY_DELTA whose JSON Patch does not "
+        "apply (patch_error) instead of storing it as the official client takes it: with a "
+        "warning, the state staying as it was (default: store it; docs/protocol.md)",
         "state_max_work": "work units the state deltas of one publish may spend on values "
         "the state holds already, about one per value copied, removed or moved (default "
         "50000; docs/security.md)",

@@ -137,6 +137,7 @@ class Gateway:
                 max_work=config.state_max_work,
             ),
             max_event_bytes=config.max_event_bytes,
+            strict_patches=config.strict_patches,
         )
         self.bridge = Bridge(
             self.hub,

@@ -30,12 +30,15 @@ everything queued behind it, to be sent again in order.
 
 State events are judged too, before they are stored: the writer keeps each
 thread's state document and activity contents
-(:class:`~agui_hub.agui.documents.StateDocuments`), so a STATE_DELTA or
-ACTIVITY_DELTA that does not apply raises
-:class:`~agui_hub.errors.PatchError`, and a snapshot or delta that would take
-the state past the writer's :class:`~agui_hub.agui.patch.StateLimits` raises
+(:class:`~agui_hub.agui.documents.StateDocuments`), so a snapshot or delta
+that would take the state past the writer's
+:class:`~agui_hub.agui.patch.StateLimits` raises
 :class:`~agui_hub.errors.LimitExceeded`, with nothing stored, exactly where
-:class:`~agui_hub.agui.reducer.ThreadState` (a gateway's fold) would refuse it.
+:class:`~agui_hub.agui.reducer.ThreadState` (a gateway's fold) would refuse
+it. A STATE_DELTA or ACTIVITY_DELTA whose patch does not apply is stored as
+the official client takes it: it changes nothing, and is logged as a warning
+and counted (:attr:`ThreadWriter.patches_not_applied`); with
+``strict_patches`` it raises :class:`~agui_hub.errors.PatchError` instead.
 Events already stored that do not apply (a plain XADD producer's) are
 skipped when the writer catches up, as a gateway's fold skips them. In a
 trimmed thread without a checkpoint the state document is unknown until the
@@ -47,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import logging
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -85,6 +89,8 @@ __all__ = [
 
 _MAX_ATTEMPTS = 20
 """Catch-ups one publish may do before giving up (others keep appending)."""
+
+log = logging.getLogger("agui_hub.hub")
 
 _REFUSED = (SequenceError, PatchError, LimitExceeded)
 """What judging a batch may answer; the rules may hold after what others stored."""
@@ -223,6 +229,7 @@ class ThreadWriter:
         limits: StateLimits = DEFAULT_LIMITS,
         max_state_cache_bytes: int = DEFAULT_MAX_STATE_CACHE_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        strict_patches: bool = False,
     ):
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
@@ -234,6 +241,10 @@ class ThreadWriter:
         self.limits = limits
         self.max_state_cache_bytes = max_state_cache_bytes
         self.max_event_bytes = max_event_bytes
+        self.strict_patches = strict_patches
+        """Refuse deltas that do not apply (:class:`PatchError`) instead of storing them."""
+        self.patches_not_applied = 0
+        """Deltas stored that did not apply (without ``strict_patches``), since the start."""
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._state_bytes = 0
         """Sum of ``cached`` over ``_seen``."""
@@ -262,7 +273,9 @@ class ThreadWriter:
         :class:`~agui_hub.errors.PayloadTooLarge` (an event over
         *max_event_bytes*),
         :class:`~agui_hub.errors.PatchError` (a STATE_DELTA or ACTIVITY_DELTA
-        that does not apply) or :class:`~agui_hub.errors.LimitExceeded` (the
+        that does not apply, with ``strict_patches`` only: otherwise it is
+        stored, logged and counted, and changes nothing) or
+        :class:`~agui_hub.errors.LimitExceeded` (the
         state would exceed :attr:`limits`, or the publish's deltas would cost
         more work than ``limits.max_work``: ``limit="max_work"``); or a
         :class:`~agui_hub.errors.StoreError` (after
@@ -486,8 +499,9 @@ class ThreadWriter:
         else:
             self._seen.move_to_end(thread)
         for _attempt in range(_MAX_ATTEMPTS):
+            unapplied: list[tuple[int, str]] | None = None if self.strict_patches else []
             try:
-                judged = await self._judge(thread, seen, wires, ids, retry, budgets)
+                judged = await self._judge(thread, seen, wires, ids, retry, budgets, unapplied)
             except _REFUSED:
                 if fresh:
                     raise
@@ -529,6 +543,8 @@ class ThreadWriter:
                     seen.verifier, seen.window = trial, window
             if stored:  # appended now, in order: the newest is the last
                 seen.after = offsets[stored[-1]]
+            if unapplied:
+                self._not_applied(thread, unapplied, offsets, after)
             if seen.epoch is None:
                 # This append created the thread: the next publish reads its
                 # epoch with the stream (the thread may be re-created by then).
@@ -549,19 +565,21 @@ class ThreadWriter:
         ids: list[str],
         retry: bool,
         budgets: list[WorkBudget],
+        unapplied: list[tuple[int, str]] | None,
     ) -> (
         list[Offset]
         | tuple[SequenceVerifier | None, set[str] | None, dict[str, Any], ChunkExpander]
     ):
         """Judge *wires* after *seen*: what :func:`_try` returns plus the first
-        event judged, or the offsets of a batch that is stored already.
+        event judged, or the offsets of a batch that is stored already
+        (*unapplied* as for :func:`_try`).
 
         Raises :class:`SequenceError`, :class:`PatchError` or
         :class:`LimitExceeded`. When it returns a judgement, ``seen.docs``
         holds the batch's effect, to commit once stored or roll back.
         """
         try:
-            trial, window, chunks = await _try(seen, wires, range(len(wires)), budgets)
+            trial, window, chunks = await _try(seen, wires, range(len(wires)), budgets, unapplied)
             return trial, window, wires[0], chunks
         except _REFUSED:
             # Perhaps a retry of events that are stored already (a catch-up
@@ -576,8 +594,33 @@ class ThreadWriter:
         if not positions:
             return [known[i] for i in ids]
         judged = [wires[n] for n in positions]
-        trial, window, chunks = await _try(seen, judged, positions, [budgets[n] for n in positions])
+        if unapplied:
+            unapplied.clear()  # judged again: what the first judgement found goes
+        trial, window, chunks = await _try(
+            seen, judged, positions, [budgets[n] for n in positions], unapplied
+        )
         return trial, window, judged[0], chunks
+
+    def _not_applied(
+        self,
+        thread: str,
+        unapplied: list[tuple[int, str]],
+        offsets: list[Offset],
+        after: tuple[int, int],
+    ) -> None:
+        """Log and count the deltas just stored that did not apply."""
+        for position, why in unapplied:
+            offset = offsets[position]
+            if offset_key(offset) <= after:
+                continue  # stored before, by an earlier try of the same publish
+            self.patches_not_applied += 1
+            log.warning(
+                "thread %r offset %s: %s; stored, and the state stays as it was, as the "
+                "official client takes it (the gateway's --strict-patches refuses it)",
+                thread,
+                offset,
+                why,
+            )
 
     def forget(self, thread: str) -> None:
         """Drop what the writer knows of *thread* (it is rebuilt from the store)."""
@@ -740,12 +783,18 @@ def _distinct(group: list[_Pending]) -> bool:
 
 
 async def _try(
-    seen: _Seen, wires: list[dict[str, Any]], positions: Sequence[int], budgets: list[WorkBudget]
+    seen: _Seen,
+    wires: list[dict[str, Any]],
+    positions: Sequence[int],
+    budgets: list[WorkBudget],
+    unapplied: list[tuple[int, str]] | None,
 ) -> tuple[SequenceVerifier | None, set[str] | None, ChunkExpander]:
     """Judge *wires* (at *positions* of the published batch) after what *seen*
     knows, changing nothing of its sequence state. Each event's state work is
     charged to its publish's budget in *budgets* (one per wire), each
-    restarted first: a judgement starts afresh.
+    restarted first: a judgement starts afresh. A delta that does not apply
+    changes nothing and is noted in *unapplied* as ``(position, why)``, or
+    raises :class:`PatchError` when *unapplied* is ``None`` (strict).
 
     Returns the verifier and window to keep once they are stored, or
     ``(None, None)`` for a single event that was only checked (apply it to
@@ -775,7 +824,7 @@ async def _try(
             try:
                 chunks.expand(wires[0])
                 seen.verifier.check(wires[0])  # no copy needed: check() changes nothing
-                docs.apply(wires[0], budgets[0])
+                _apply(docs, wires[0], budgets[0], positions[0], unapplied)
             except ProtocolError as exc:
                 exc.index = positions[0]
                 raise
@@ -789,7 +838,7 @@ async def _try(
                     chunks.expand(wire)
                 _verify(trial, wire, window)
                 before = budget.spent
-                docs.apply(wire, budget)
+                _apply(docs, wire, budget, position, unapplied)
             except ProtocolError as exc:
                 exc.index = position
                 raise
@@ -801,6 +850,23 @@ async def _try(
     except BaseException:
         docs.rollback()
         raise
+
+
+def _apply(
+    docs: StateDocuments,
+    wire: dict[str, Any],
+    budget: WorkBudget,
+    position: int,
+    unapplied: list[tuple[int, str]] | None,
+) -> None:
+    """Fold *wire* into *docs*; a patch that does not apply is noted in
+    *unapplied* (the documents unchanged), or raised when it is ``None``."""
+    try:
+        docs.apply(wire, budget)
+    except PatchError as exc:
+        if unapplied is None:
+            raise
+        unapplied.append((position, f"{wire.get('type')}: {exc}"))
 
 
 _CONTINUATIONS = {

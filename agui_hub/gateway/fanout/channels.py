@@ -514,7 +514,9 @@ class Hub:
     *limits* bound the folded state of each thread, in the channels (for
     snapshots) and in the writer (which refuses events past them);
     *max_event_bytes* the size of each published event; *recent_budget*
-    the bytes of latest entries the channels keep in memory together.
+    the bytes of latest entries the channels keep in memory together;
+    *strict_patches* makes the writer refuse deltas that do not apply (see
+    :class:`ThreadWriter`).
     """
 
     def __init__(
@@ -524,11 +526,17 @@ class Hub:
         limits: StateLimits | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         recent_budget: int = DEFAULT_RECENT_BUDGET,
+        strict_patches: bool = False,
     ) -> None:
         self.store = store
         self.limits = limits or StateLimits()
         self.channels: dict[str, ThreadChannel] = {}
-        self.writer = ThreadWriter(store, limits=self.limits, max_event_bytes=max_event_bytes)
+        self.writer = ThreadWriter(
+            store,
+            limits=self.limits,
+            max_event_bytes=max_event_bytes,
+            strict_patches=strict_patches,
+        )
         self._closing: set[asyncio.Future[None]] = set()
         self.recent_memory = RecentBudget(recent_budget)
         """The latest entries the channels keep in memory, against the budget."""
