@@ -75,6 +75,10 @@ class Publisher:
     the publisher as for :class:`~agui_hub.client.HubClient`: a JWT, or a
     callable that returns one (sync or async), asked again to renew the
     credentials before they expire and for each reconnection.
+    *strict_patches* (store URLs only; a gateway has its own setting) refuses
+    a STATE_DELTA or ACTIVITY_DELTA whose patch does not apply
+    (:class:`~agui_hub.errors.PatchError`); by default it is stored and
+    changes nothing, as the official client takes it (a logged warning).
 
     Concurrent calls about one thread keep their call order (pipelining: see
     the module docstring).
@@ -89,9 +93,11 @@ class Publisher:
         headers: dict[str, str] | None = None,
         encoding: Encoding | str = Encoding.MSGPACK,
         token: str | TokenProvider | None = None,
+        strict_patches: bool = False,
     ) -> None:
         self.url = url
         self.sequence = SequenceCheck(sequence)
+        self.strict_patches = strict_patches
         self.retry_for = retry_for
         scheme = urlsplit(url).scheme.lower()
         self.via_gateway = scheme in GATEWAY_SCHEMES
@@ -109,7 +115,9 @@ class Publisher:
         self._writer: ThreadWriter | None = None
         if not self.via_gateway:
             self._store = open_store(url)  # ValueError for an unknown scheme
-            self._writer = ThreadWriter(self._store, sequence=self.sequence)
+            self._writer = ThreadWriter(
+                self._store, sequence=self.sequence, strict_patches=self.strict_patches
+            )
         self._prefix = secrets.token_hex(8)
         self._counter = itertools.count(1)
 

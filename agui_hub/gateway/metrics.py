@@ -103,6 +103,8 @@ class Figures:
     errors: Mapping[str, int] = field(default_factory=dict)
     """Error frames sent, by code."""
     events_published: int = 0
+    patches_not_applied: int = 0
+    """Deltas stored whose JSON Patch did not apply (they change nothing)."""
     publish_errors: Mapping[str, int] = field(default_factory=dict)
     live_backlog_entries: int = 0
     live_lag_seconds: float = 0.0
@@ -458,6 +460,13 @@ def _families(f: Figures) -> Iterator[Metric]:
         "Events published through this gateway and "
         "acknowledged (stored, or already stored under the same event id).",
         f.events_published,
+    )
+    yield _counter(
+        "patches_not_applied_total",
+        "STATE_DELTA and ACTIVITY_DELTA events published through this gateway and "
+        "stored though their JSON Patch did not apply: they change nothing, as in the "
+        "official client (an agent that sends bad patches; --strict-patches refuses them).",
+        f.patches_not_applied,
     )
     yield _labelled(
         CounterMetricFamily(

@@ -160,6 +160,7 @@ def collect_figures(
         commands={COMMAND_NAMES[kind]: n for kind, n in counters.command_types.items()},
         errors=dict(counters.errors),
         events_published=counters.events_in,
+        patches_not_applied=hub.writer.patches_not_applied,
         publish_errors=dict(counters.publish_errors),
         live_backlog_entries=backlog,
         live_lag_seconds=lag,

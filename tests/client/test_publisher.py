@@ -30,7 +30,13 @@ from websockets.frames import Frame, Opcode
 
 from agui_hub.agui import events as models
 from agui_hub.client.publisher import Publisher, SequenceCheck
-from agui_hub.errors import HubUnreachable, InvalidEvent, SequenceError, StoreUnavailable
+from agui_hub.errors import (
+    HubUnreachable,
+    InvalidEvent,
+    PatchError,
+    SequenceError,
+    StoreUnavailable,
+)
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import Offset, ThreadStore
 from agui_hub.store.memory import MemoryStore
@@ -604,3 +610,23 @@ async def test_a_gateway_publisher_recovers_after_a_long_outage() -> None:
         assert (await within(gateway.store.read(thread)))[-1].offset == offset
     finally:
         await within(gateway.drain(), 15 * TIMEOUT_SCALE)
+
+
+async def test_a_delta_that_does_not_apply_is_stored_unless_strict(backend: Backend) -> None:
+    """The official client's way by default (stored, it changes nothing), on
+    every backend; a store URL's strict_patches refuses it."""
+    thread = new_thread()
+    snapshot = {"type": "STATE_SNAPSHOT", "snapshot": {"n": 1}}
+    bad = {"type": "STATE_DELTA", "delta": [{"op": "remove", "path": "/missing"}]}
+    async with backend.publisher() as publisher:
+        await within(publisher.publish_batch(thread, [run_started(thread), snapshot]))
+        await within(publisher.publish(thread, bad))
+        rows = await backend.stored(publisher, thread)
+    assert [event for _, event, _ in rows][-1] == bad
+    if backend.kind in STORE_URLS:
+        other = new_thread()
+        async with backend.publisher(strict_patches=True) as strict:
+            await within(strict.publish_batch(other, [run_started(other), snapshot]))
+            with pytest.raises(PatchError) as refused:
+                await within(strict.publish(other, bad))
+            assert refused.value.index == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from .test_server import (  # noqa: F401
     MSGPACK,
     Client,
     Harness,
+    events_of,
     harness,
     mem,
     memory_store,
@@ -516,3 +518,40 @@ async def test_a_scrape_sees_the_store_go_down_without_a_readiness_probe(
         assert value(await scrape(gateway), "agui_hub_store_up") == 0
     finally:
         await h.close()
+
+
+async def test_a_delta_that_does_not_apply_is_relayed_folded_as_nothing_and_counted(
+    harness: Harness,
+) -> None:
+    """As the official client takes it: stored and relayed, the state as it was
+    in every snapshot (still complete), counted; --strict-patches refuses it."""
+    gateway = await harness.gateway()
+    strict = await harness.gateway(harness.shared_store(gateway), strict_patches=True)
+    thread = f"patches-{uuid.uuid4().hex[:8]}"
+    viewer = await harness.client(gateway)
+    await viewer.subscribe(thread, "start")
+    agent = await harness.client(gateway, MSGPACK)
+    opening = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": "r1"},
+        {"type": "STATE_SNAPSHOT", "snapshot": {"count": 1}},
+    ]
+    bad = {"type": "STATE_DELTA", "delta": [{"op": "remove", "path": "/missing"}]}
+    good = {"type": "STATE_DELTA", "delta": [{"op": "replace", "path": "/count", "value": 2}]}
+    offsets = await agent.publish(thread, [*opening, bad, good])
+    frames = await viewer.until_offset(thread, offsets[-1])
+    assert [e for _, e in events_of(frames, thread)] == [*opening, bad, good]
+    samples = await scrape(gateway)
+    assert value(samples, "agui_hub_patches_not_applied_total") == 1
+
+    late = await harness.client(gateway)
+    await late.subscribe(thread, "snapshot")
+    snap = await late.recv()
+    assert snap["type"] == "snapshot" and snap["complete"] is True
+    states = [e["snapshot"] for e in snap["events"] if e["type"] == "STATE_SNAPSHOT"]
+    assert states == [{"count": 2}]
+
+    refused = await (await harness.client(strict)).request(
+        {"type": "publish", "thread": thread, "events": [bad]}
+    )
+    assert (refused["type"], refused["code"], refused["index"]) == ("error", "patch_error", 0)
+    assert value(await scrape(strict), "agui_hub_patches_not_applied_total") == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar, cast
@@ -669,11 +670,52 @@ def nested(depth: int) -> Any:
     return value
 
 
-async def test_a_state_delta_that_does_not_apply_is_refused_before_storing(
+async def test_a_delta_that_does_not_apply_is_stored_and_changes_nothing(
+    stores: Stores, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the official client takes it: it warns and goes on, the state as it
+    was. Stored, relayed, logged with its thread and offset, counted."""
+    store = stores.open()
+    writer = ThreadWriter(store)
+    thread = new_thread()
+    await publish(writer, thread, [run_started(thread), snapshot({"count": 1, "items": []})])
+    activity = {"type": "ACTIVITY_SNAPSHOT", "messageId": "p", "activityType": "PLAN"}
+    step = {"type": "ACTIVITY_DELTA", "messageId": "p", "activityType": "PLAN"}
+    bad = [
+        delta({"op": "replace", "path": "/count", "value": 2}),
+        delta(remove("/missing")),  # all or nothing: nothing of it applies
+        delta(add("/items/-", "a"), {"op": "test", "path": "/count", "value": 1}),
+        {**activity, "content": {"steps": []}},
+        {**step, "patch": [remove("/nothing")]},
+    ]
+    with caplog.at_level(logging.WARNING, logger="agui_hub.hub"):
+        offsets = await publish(writer, thread, bad)
+        (single,) = await publish(writer, thread, [bad[1]])  # the one-event path
+    assert writer.patches_not_applied == 4
+    warned = [r.getMessage() for r in caplog.records if "stays as it was" in r.getMessage()]
+    assert len(warned) == 4
+    assert offsets[1] in warned[0] and thread in warned[0] and "/missing" in warned[0]
+    assert single in warned[3]
+    assert [e for e in await stored_events(store, thread)][2:] == [*bad, bad[1]]
+    # The writer's state is the official client's: later deltas are judged against it.
+    await publish(writer, thread, [delta({"op": "test", "path": "/count", "value": 2})])
+    await publish(writer, thread, [delta({"op": "test", "path": "/items", "value": []})])
+    await publish(writer, thread, [{**step, "patch": [add("/steps/-", "s")]}])
+    # A fresh writer (another gateway) folds the stream to the same state.
+    other = ThreadWriter(stores.open())
+    await publish(other, thread, [delta({"op": "test", "path": "/count", "value": 2})])
+    await publish(other, thread, [run_finished(thread)])
+    assert other.patches_not_applied == 0  # what others stored is not counted again
+    folded = fold(await stored_events(store, thread))
+    assert folded.state == {"count": 2, "items": []}
+    assert len(folded.rejected) == 4  # the fold's own record of what did not apply
+
+
+async def test_a_delta_that_does_not_apply_is_refused_in_strict_mode(
     stores: Stores,
 ) -> None:
     store = stores.open()
-    writer = ThreadWriter(store)
+    writer = ThreadWriter(store, strict_patches=True)
     thread = new_thread()
     await publish(writer, thread, [run_started(thread), snapshot({"count": 1, "items": []})])
 
@@ -698,7 +740,7 @@ async def test_a_state_delta_that_does_not_apply_is_refused_before_storing(
     await publish(writer, thread, [delta(add("/y", 2), add("/items/-", "a"))])
 
     # A fresh writer (another gateway) knows the same state from the stream.
-    other = ThreadWriter(stores.open())
+    other = ThreadWriter(stores.open(), strict_patches=True)
     with pytest.raises(PatchError):
         await publish(other, thread, [delta({"op": "test", "path": "/y", "value": 1})])
     await publish(other, thread, [delta({"op": "test", "path": "/y", "value": 2})])
@@ -719,7 +761,9 @@ async def test_a_state_event_over_the_limits_is_refused_before_storing(stores: S
     assert deep.value.code == "limit_exceeded"
     assert await within(store.epoch(thread)) is None  # nothing stored, not even the thread
 
-    small = ThreadWriter(store, limits=StateLimits(max_depth=8, max_bytes=2000))
+    small = ThreadWriter(
+        store, limits=StateLimits(max_depth=8, max_bytes=2000), strict_patches=True
+    )
     await publish(small, thread, [run_started(thread), snapshot({"notes": []})])
     grow = [delta(add("/notes/-", "x" * 1000)), delta(add("/notes/-", "y" * 1000))]
     with pytest.raises(LimitExceeded) as big:
@@ -749,7 +793,8 @@ async def test_a_state_event_over_the_limits_is_refused_before_storing(stores: S
 async def test_state_deltas_are_judged_after_what_other_writers_stored(stores: Stores) -> None:
     thread = new_thread()
     a_store = stores.open()
-    a, b = ThreadWriter(a_store), ThreadWriter(stores.open())
+    a = ThreadWriter(a_store, strict_patches=True)
+    b = ThreadWriter(stores.open(), strict_patches=True)
     await publish(a, thread, [run_started(thread), snapshot({"n": 0})])
     await publish(b, thread, [snapshot({"m": []})])  # a has not read this
     # a judges against {"n": 0}, refuses, catches up and accepts against {"m": []}.
@@ -779,7 +824,7 @@ async def test_a_trimmed_thread_is_judged_from_its_checkpoint_or_taken_on_trust(
     # trust until the next snapshot, then judged again.
     unknown = new_thread()
     await publish(writer, unknown, [{**opening[0], "threadId": unknown}, *opening[1:], *push_out])
-    fresh = ThreadWriter(stores.open(retention))
+    fresh = ThreadWriter(stores.open(retention), strict_patches=True)
     await publish(fresh, unknown, [delta({"op": "replace", "path": "/count", "value": 1})])
     await publish(fresh, unknown, [delta(remove("/unknown"))])  # on trust
     await publish(fresh, unknown, [snapshot({"count": 5})])
@@ -796,7 +841,7 @@ async def test_a_trimmed_thread_is_judged_from_its_checkpoint_or_taken_on_trust(
     await within(store.put_checkpoint(known, checkpoint))
     await publish(writer, known, push_out[:4])  # the checkpoint still reaches what is kept
     assert "STATE_SNAPSHOT" not in [e["type"] for e in await stored_events(store, known)]
-    fresh = ThreadWriter(stores.open(retention))
+    fresh = ThreadWriter(stores.open(retention), strict_patches=True)
     with pytest.raises(PatchError):
         await publish(fresh, known, [delta(remove("/unknown"))])
     await publish(fresh, known, [delta({"op": "replace", "path": "/count", "value": 1})])
@@ -826,7 +871,7 @@ async def test_sequence_check_off_does_not_judge_state_events(stores: Stores) ->
 
 async def test_the_writer_bounds_the_bytes_of_state_it_keeps(stores: Stores) -> None:
     store = stores.open()
-    writer = ThreadWriter(store, max_state_cache_bytes=50_000)
+    writer = ThreadWriter(store, max_state_cache_bytes=50_000, strict_patches=True)
     threads = [new_thread() for _ in range(5)]
     for n, thread in enumerate(threads):
         await publish(writer, thread, [run_started(thread)])

@@ -3,7 +3,9 @@
 One entry never ends a channel: an entry that is not msgpack, not an event,
 cannot be folded or cannot be encoded is skipped where it fails, with a
 logged reason, and whoever can still use it gets it (an event the state
-cannot fold is still relayed; the snapshot then says it is incomplete).
+cannot fold is still relayed; the snapshot then says it is incomplete). A
+delta whose patch does not apply is not such an event: it changes nothing,
+as in the official client, and the fold goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from ...agui.events import EventType, check_json_value
 from ...agui.reducer import ThreadState
+from ...errors import PatchError
 from ...store.contract import Entry
 from ...wire.codec import Encoding, unpack_stored
 from ...wire.protocol import event_frame
@@ -40,13 +43,15 @@ class EntryReader:
     pages). Feed it every entry the channel receives with :meth:`measure`.
     """
 
-    __slots__ = ("entry_size", "skipped", "thread")
+    __slots__ = ("entry_size", "not_applied", "skipped", "thread")
 
     def __init__(self, thread: str) -> None:
         self.thread = thread
         self.entry_size = 1024
         """A running average of the thread's entry size (sizes history pages)."""
         self.skipped = 0
+        self.not_applied = 0
+        """Deltas folded that did not apply (they change nothing, as in the official client)."""
 
     def measure(self, entry: Entry) -> None:
         """Count *entry* in the running average of the entry size."""
@@ -85,6 +90,15 @@ class EntryReader:
                         # make every JSON snapshot unencodable: not folded.
                         check_json_value(value)
             state.apply(event)
+        except PatchError as exc:
+            # As the official client takes it: the state stays as it was, and
+            # the fold goes on, complete (the writer warned when it stored it).
+            self.not_applied += 1
+            level = logging.INFO if self.not_applied <= LOGGED_SKIPS else logging.DEBUG
+            log.log(
+                level, "thread %s: entry %s changes nothing: %s", self.thread, entry.offset, exc
+            )
+            return True
         except Exception as exc:  # one entry never ends a channel
             # A stored event the reducer cannot apply (a plain-XADD producer's
             # bad patch, a missing field, a state past the limits): it is still
