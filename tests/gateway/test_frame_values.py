@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agui_hub.gateway.commands import OFF_LOOP_FRAME_BYTES
 from agui_hub.wire.codec import MAX_VALUES
 
 from .test_server import (  # noqa: F401
@@ -120,3 +121,34 @@ def test_a_client_reads_its_gateway_s_frames_whatever_their_values() -> None:
     frame = {"type": "snapshot", "events": [custom(MAX_VALUES * 2)]}
     for encoding in (Encoding.JSON, Encoding.MSGPACK):
         assert decode(encode(frame, encoding), encoding, max_size=None, max_values=None) == frame
+
+
+async def test_frames_decoded_off_the_loop_keep_their_order(harness: Harness) -> None:
+    """Large frames are decoded in a worker thread: the publishes a connection
+    sends into a thread are still stored, and answered, in the order sent."""
+    gateway = await harness.gateway()
+    publisher = await harness.client(gateway, MSGPACK)
+    viewer = await harness.client(gateway, JSON)
+    thread = "off-loop-order"
+    await viewer.subscribe(thread)
+    run = {"type": "RUN_STARTED", "threadId": thread, "runId": "r"}
+    big = {"type": "CUSTOM", "name": "big", "value": "x" * (OFF_LOOP_FRAME_BYTES * 2)}
+    events = [run] + [
+        big if n % 2 else {"type": "CUSTOM", "name": "small", "value": n} for n in range(1, 21)
+    ]
+    frames = [
+        publisher.encode({"type": "publish", "id": n, "thread": thread, "events": [e]})
+        for n, e in enumerate(events)
+    ]
+    assert max(len(f) for f in frames) >= OFF_LOOP_FRAME_BYTES > min(len(f) for f in frames)
+    for data in frames:  # sent back to back, not waiting for replies
+        await publisher.ws.send(data)
+    replies = [await publisher.recv(WAIT) for _ in range(len(frames))]
+    assert [(r["type"], r.get("id")) for r in replies] == [
+        ("published", n) for n in range(len(frames))
+    ]
+    offsets = [r["offsets"][0] for r in replies]
+    got = await viewer.until_offset(thread, offsets[-1])
+    assert [(f["offset"], f["event"]) for f in got if f["type"] == "event"] == list(
+        zip(offsets, events, strict=True)
+    )
