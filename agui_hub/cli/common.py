@@ -33,6 +33,12 @@ URL_HELP = (
 GATEWAY_URL_HELP = f"the gateway, ws://HOST:PORT (default $AGUI_HUB_URL or {DEFAULT_URL})"
 TOKEN_HELP = "bearer token for a gateway with authentication (default $AGUI_HUB_TOKEN)"
 
+RAW_HELP = (
+    "RAW events (an agent framework's own events, e.g. LangGraph's) and CUSTOM events "
+    "with a large value: short (default: counted, one 'raw: N events (size)' line when the "
+    "next line starts, never splitting an answer), hide, or full (each whole, on its own line)"
+)
+
 
 class UsageError(Exception):
     """A command line that cannot work; reported with exit status 2."""

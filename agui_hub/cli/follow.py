@@ -22,6 +22,7 @@ from ..wire.offsets import START, offset_key
 from ..wire.protocol import Position
 from .common import (
     GATEWAY_URL_HELP,
+    RAW_HELP,
     TOKEN_HELP,
     URL_HELP,
     Output,
@@ -70,6 +71,8 @@ def add_tail_parser(commands: Subcommands) -> None:
                         "ever); while it cannot be reached tail says so at once, then every "
                         "10 s")  # fmt: skip
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short",
+                        help=RAW_HELP)  # fmt: skip
 
 
 class OffsetFile:
@@ -166,7 +169,9 @@ async def tail_command(args: argparse.Namespace) -> int:
     if offset_file is not None and (saved := offset_file.load(thread)) is not None:
         start, view_state = saved
     try:
-        view = TranscriptView(color=use_color(args.color, sys.stdout), state=view_state)
+        view = TranscriptView(
+            color=use_color(args.color, sys.stdout), state=view_state, raw=args.raw
+        )
     except ValueError as exc:
         raise UsageError(f"{args.offset_file}: {exc}") from None
     out = Output(sys.stdout)
@@ -261,6 +266,8 @@ def add_replay_parser(commands: Subcommands) -> None:
                         help="wait up to SECONDS for an unreachable hub (default 0: fail at "
                         "once)")  # fmt: skip
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short",
+                        help=RAW_HELP)  # fmt: skip
 
 
 def replay_event_id(thread: str, offset: str, index: int | None = None) -> str:
@@ -296,7 +303,7 @@ async def replay_command(args: argparse.Namespace) -> int:
     else:
         from ..client.transcript import TranscriptView
 
-        view = TranscriptView(color=use_color(args.color, sys.stdout))
+        view = TranscriptView(color=use_color(args.color, sys.stdout), raw=args.raw)
 
         def emit(offset: str, event: dict[str, Any], snapshot: int | None = None) -> None:
             out.write(view.render(event))

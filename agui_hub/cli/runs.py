@@ -14,6 +14,7 @@ from typing import Any
 
 from .common import (
     GATEWAY_URL_HELP,
+    RAW_HELP,
     TOKEN_HELP,
     Output,
     Subcommands,
@@ -49,6 +50,8 @@ def add_run_parser(commands: Subcommands) -> None:
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short",
+                        help=RAW_HELP)  # fmt: skip
 
 
 async def run_command(args: argparse.Namespace) -> int:
@@ -61,7 +64,7 @@ async def run_command(args: argparse.Namespace) -> int:
     messages = [
         {"id": f"msg-{uuid.uuid4().hex}", "role": "user", "content": text} for text in args.message
     ]
-    view = TranscriptView(color=use_color(args.color, sys.stdout))
+    view = TranscriptView(color=use_color(args.color, sys.stdout), raw=args.raw)
     out = Output(sys.stdout)
     client = await connect_client(url, retry, client_token(args))
     outcome: dict[str, Any] | None = None

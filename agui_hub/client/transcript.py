@@ -27,6 +27,15 @@ line when that line is still open, else on a line of its own
 (``tool get_weather(…)``). Work of a subagent (events with ``subagentRunId``)
 is prefixed with ``[<subagentRunId>] ``.
 
+``RAW`` events (an agent framework's own events, wrapped: LangGraph's
+adapter sends one per LangChain event, 1 to 3 kB each) and bulky ``CUSTOM``
+events (a value of more than :data:`LIMIT` characters of JSON) are shown
+according to *raw*: ``"short"`` (the default) counts them and writes one line
+``raw: 23 events (41.2 kB)`` when the next line starts, so that they never
+split a streamed answer; ``"hide"`` shows nothing of them; ``"full"`` writes
+each as a line of its own, whole. A ``CUSTOM`` event with a small value is a
+line of its own (``custom name: {...}``) in every mode.
+
 Resuming after a restart: rendering is a pure function of (state, event).
 Save :meth:`TranscriptView.state` (small, JSON-serialisable) after writing
 an event's text, and a view built with ``TranscriptView(state=saved)`` renders
@@ -55,8 +64,12 @@ from ..agui.chunks import CLOSING_EVENT_TYPES
 
 __all__ = ["TranscriptView"]
 
-STATE_VERSION: Final = 1
-"""Version of the dict :meth:`TranscriptView.state` returns."""
+STATE_VERSION: Final = 2
+"""Version of the dict :meth:`TranscriptView.state` returns (version 1, which
+had no count of RAW events, is read too)."""
+
+RAW_MODES: Final = ("short", "hide", "full")
+"""How a :class:`TranscriptView` shows RAW and bulky CUSTOM events (see above)."""
 
 LIMIT: Final = 200
 """Longest one-line summary (tool results, state, snapshot messages), in characters."""
@@ -129,6 +142,14 @@ def _one_line(text: str, limit: int = LIMIT) -> str:
     if len(text) > limit or len(head) > limit:
         return head[: limit - 1] + "…"
     return head
+
+
+_FULL_LIMIT: Final = 1 << 20
+"""Characters of a RAW or CUSTOM value written whole (``raw="full"``), or measured."""
+
+
+def _kilobytes(size: int) -> str:
+    return f"{size} B" if size < 1000 else f"{size / 1000:.1f} kB"
 
 
 def _json(value: Any, limit: int = LIMIT) -> str:
@@ -257,7 +278,9 @@ def _patch_text(patch: Any) -> str:
     return "; ".join(ops)
 
 
-def _check_state(state: Any) -> tuple[str | None, bool, dict[str, dict[str, Any]], dict[str, str]]:
+def _check_state(
+    state: Any,
+) -> tuple[str | None, bool, dict[str, dict[str, Any]], dict[str, str], list[int]]:
     """Validate a saved state; returns owned copies of its parts or raises ValueError."""
 
     def bad(why: str) -> ValueError:
@@ -267,11 +290,19 @@ def _check_state(state: Any) -> tuple[str | None, bool, dict[str, dict[str, Any]
 
     if not isinstance(state, dict):
         raise bad(f"expected a dict, got {type(state).__name__}")
-    expected = {"version", "line", "nl", "items", "lanes"}
+    version = state.get("version")
+    if type(version) is not int or version not in (1, STATE_VERSION):
+        raise bad(f"version {version!r}, this version reads 1 and {STATE_VERSION}")
+    expected = {"version", "line", "nl", "items", "lanes"} | ({"raw"} if version > 1 else set())
     if set(state) != expected:
         raise bad(f"expected the keys {sorted(expected)}, got {sorted(map(str, state))}")
-    if type(state["version"]) is not int or state["version"] != STATE_VERSION:
-        raise bad(f"version {state['version']!r}, this version reads {STATE_VERSION}")
+    raw = state.get("raw", [0, 0])
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 2
+        or not all(type(n) is int and n >= 0 for n in raw)
+    ):
+        raise bad(f"'raw' must be [events, bytes] not shown yet, got {raw!r}")
     line, nl, items, lanes = state["line"], state["nl"], state["items"], state["lanes"]
     if line is not None and (not isinstance(line, str) or line.partition(":")[0] not in _KINDS):
         raise bad(f"'line' must be null or an item key like 'text:m1', got {line!r}")
@@ -296,7 +327,7 @@ def _check_state(state: Any) -> tuple[str | None, bool, dict[str, dict[str, Any]
         for lane, key in lanes.items()
     ):
         raise bad("'lanes' must map lane names to item keys")
-    return line, nl, owned_items, dict(lanes)
+    return line, nl, owned_items, dict(lanes), list(raw)
 
 
 class TranscriptView:
@@ -308,13 +339,25 @@ class TranscriptView:
     the output holds no escape codes at all. *state* is a dict from
     :meth:`state` of an earlier view (after a JSON round trip is fine) to
     continue exactly where it stopped; a dict that is not such a state raises
-    :class:`ValueError`.
+    :class:`ValueError`. *raw* is one of :data:`RAW_MODES`: how RAW and
+    bulky CUSTOM events are shown (see the module's docstring).
     """
 
-    __slots__ = ("_color", "_items", "_lanes", "_line", "_nl")
+    __slots__ = ("_color", "_items", "_lanes", "_line", "_nl", "_raw", "_raw_mode")
 
-    def __init__(self, *, color: bool = False, state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        color: bool = False,
+        state: dict[str, Any] | None = None,
+        raw: str = "short",
+    ) -> None:
+        if raw not in RAW_MODES:
+            raise ValueError(f"raw must be one of {', '.join(RAW_MODES)}, not {raw!r}")
         self._color = color
+        self._raw_mode = raw
+        # RAW (and bulky CUSTOM) events counted and not shown yet: [events, bytes].
+        self._raw = [0, 0]
         # The item whose line is open ("text:m1"), or None when the cursor is
         # at the start of a line.
         self._line: str | None = None
@@ -328,7 +371,7 @@ class TranscriptView:
         # "s:<subagentRunId>") -> item key, as agui_hub.agui.chunks keeps them.
         self._lanes: dict[str, str] = {}
         if state is not None:
-            self._line, self._nl, self._items, self._lanes = _check_state(state)
+            self._line, self._nl, self._items, self._lanes, self._raw = _check_state(state)
 
     # -- public API ------------------------------------------------------------
 
@@ -374,6 +417,7 @@ class TranscriptView:
             "nl": self._nl,
             "items": {key: dict(item) for key, item in self._items.items()},
             "lanes": dict(self._lanes),
+            "raw": list(self._raw),
         }
 
     def __repr__(self) -> str:
@@ -385,11 +429,15 @@ class TranscriptView:
         return f"\x1b[{style}m{text}{_RESET}" if self._color else text
 
     def _break(self) -> str:
-        """End the open line, if any."""
-        if self._line is None:
-            return ""
-        out = "" if self._nl else "\n"
-        self._line, self._nl = None, False
+        """End the open line, if any, and write the count of RAW events not shown."""
+        out = ""
+        if self._line is not None:
+            out = "" if self._nl else "\n"
+            self._line, self._nl = None, False
+        if self._raw[0]:
+            (events, size), self._raw = self._raw, [0, 0]
+            what = "1 event" if events == 1 else f"{events} events"
+            out += self._paint(f"raw: {what} ({_kilobytes(size)})", _DIM) + "\n"
         return out
 
     def _emit(self, line: str, sub: str | None = None) -> str:
@@ -662,12 +710,26 @@ class TranscriptView:
     def _on_custom(self, ev: Mapping[str, Any]) -> str:
         name = _str(ev.get("name"))
         label = self._paint(f"custom {'?' if name is None else _one_line(name, 60)}", _DIM)
-        return self._emit(f"{label}: {_json(ev.get('value'))}", _sub(ev))
+        value = ev.get("value")
+        text = _json(value, LIMIT + 1)  # longer than LIMIT: bulky
+        if len(text) <= LIMIT:
+            return self._emit(f"{label}: {text}", _sub(ev))
+        return self._bulky(label, value, ev)
 
     def _on_raw(self, ev: Mapping[str, Any]) -> str:
         source = _str(ev.get("source"))
         label = self._paint("raw" if source is None else f"raw {_one_line(source, 60)}", _DIM)
-        return self._emit(f"{label}: {_json(ev.get('event'))}", _sub(ev))
+        return self._bulky(label, ev.get("event"), ev)
+
+    def _bulky(self, label: str, value: Any, ev: Mapping[str, Any]) -> str:
+        """A RAW or bulky CUSTOM event, as the *raw* mode says."""
+        if self._raw_mode == "hide":
+            return ""
+        if self._raw_mode == "full":
+            return self._emit(f"{label}: {_json(value, _FULL_LIMIT)}", _sub(ev))
+        self._raw[0] += 1
+        self._raw[1] += len(_json(value, _FULL_LIMIT).encode())
+        return ""  # counted, written with the next line (or by close())
 
     def _on_subagent_started(self, ev: Mapping[str, Any]) -> str:
         name = _str(ev.get("name"))

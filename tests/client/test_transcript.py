@@ -258,7 +258,6 @@ def test_other_kinds_get_one_line_each() -> None:
         "ACTIVITY_SNAPSHOT": 'activity PLAN: {"steps":[]}\n',
         "ACTIVITY_DELTA": 'activity PLAN: replace /steps/0/status = "done"\n',
         "CUSTOM": 'custom ui.toast: {"text":"Saved"}\n',
-        "RAW": 'raw openai: {"id":"x"}\n',
         "SUBAGENT_STARTED": "── subagent researcher started (s1)\n",
         "SUBAGENT_FINISHED": "── subagent s1 finished (suspended)\n",
         "SUBAGENT_ERROR": "── subagent s1 error: Flight API returned 503 [http_503]\n",
@@ -277,7 +276,6 @@ def test_other_kinds_get_one_line_each() -> None:
             "patch": [{"op": "replace", "path": "/steps/0/status", "value": "done"}],
         },
         "CUSTOM": {"type": "CUSTOM", "name": "ui.toast", "value": {"text": "Saved"}},
-        "RAW": {"type": "RAW", "event": {"id": "x"}, "source": "openai"},
         "SUBAGENT_STARTED": {
             "type": "SUBAGENT_STARTED",
             "subagentRunId": "s1",
@@ -297,6 +295,8 @@ def test_other_kinds_get_one_line_each() -> None:
     }
     for kind, event in events.items():
         assert one(event) == expected[kind], kind
+    raw = {"type": "RAW", "event": {"id": "x"}, "source": "openai"}
+    assert TranscriptView(raw="full").render(raw) == 'raw openai: {"id":"x"}\n'
 
 
 def test_every_corpus_event_renders_without_the_fallback() -> None:
@@ -801,8 +801,12 @@ GOOD = TranscriptView().state()
         [],
         {},
         {**GOOD, "extra": 1},
-        {**GOOD, "version": 2},
+        {**GOOD, "version": 3},
         {**GOOD, "version": True},
+        {**GOOD, "version": 1},  # version 1 had no "raw"
+        {**GOOD, "raw": [1]},
+        {**GOOD, "raw": [-1, 0]},
+        {**GOOD, "raw": [1, "2"]},
         {**GOOD, "line": 5},
         {**GOOD, "line": "message:m1"},
         {**GOOD, "nl": "no"},
@@ -962,3 +966,52 @@ def test_tail_stopped_with_ctrl_c_and_restarted_prints_the_uninterrupted_transcr
     assert "assistant: One moment." in lines and "tool get_weather(…)" in lines
     closed = [line for line in lines if line.startswith("tool ") and line.endswith(")")]
     assert len(closed) == 2  # each tool call closed once
+
+
+def langgraph_like_run() -> list[Event]:
+    """A streamed answer with a RAW event (1 to 3 kB in real runs) after each event."""
+    raw = {"type": "RAW", "source": "langchain", "event": {"event": "on_chat_model_stream",
+           "data": {"chunk": "x" * 1500}}}  # fmt: skip
+    events: list[Event] = [
+        {"type": "RUN_STARTED", "threadId": "t", "runId": "r1"},
+        *text("m1", "The answer ", "is 42."),
+        {"type": "CUSTOM", "name": "state", "value": {"rows": ["y" * 100] * 5}},
+        {"type": "RUN_FINISHED", "threadId": "t", "runId": "r1"},
+    ]
+    return [e for event in events for e in (event, raw)]
+
+
+def test_raw_events_never_split_a_streamed_answer() -> None:
+    """By default RAW and bulky CUSTOM events are counted into one short line,
+    written when the next line starts; "hide" drops them, "full" writes them."""
+    events = langgraph_like_run()
+    short = render(events)
+    assert "assistant: The answer is 42.\n" in short and "(cont.)" not in short
+    lines = short.splitlines()
+    assert lines[0] == "── run r1 started"
+    assert lines[1].startswith("raw: 1 event (") and "kB" in lines[1]
+    assert lines[3].startswith("raw: 6 events (")  # 5 RAW and the bulky CUSTOM
+    assert lines[-1].startswith("raw: 1 event (")  # written by close()
+    assert len(lines) == 6
+    hidden = render(events, raw="hide")
+    assert hidden == "── run r1 started\nassistant: The answer is 42.\n── run r1 finished\n"
+    full = render(events, raw="full")
+    assert full.count("raw langchain: ") == len(events) // 2
+    assert "x" * 1500 in full and "y" * 100 in full
+    assert "assistant (cont.): " in full  # as before: each one its own line
+    with pytest.raises(ValueError, match="raw must be one of"):
+        TranscriptView(raw="some")
+
+
+def test_raw_events_not_shown_yet_survive_a_restart() -> None:
+    events = langgraph_like_run()
+    whole = render(events)
+    first = TranscriptView()
+    out = "".join(first.render(e) for e in events[:5])  # ... a RAW counted, not written
+    saved = json.loads(json.dumps(first.state()))
+    assert saved["raw"][0] == 1
+    second = TranscriptView(state=saved)
+    out += "".join(second.render(e) for e in events[5:]) + second.close()
+    assert out == whole
+    old = {key: value for key, value in saved.items() if key != "raw"}
+    TranscriptView(state={**old, "version": 1})  # a state saved by the previous version
