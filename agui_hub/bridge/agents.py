@@ -26,6 +26,7 @@ from ..store.urls import redact_url
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
+    "RAW_EVENTS",
     "AgentEndpoint",
     "load_agents",
     "parse_agents",
@@ -37,6 +38,11 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_IDLE_TIMEOUT = 300.0
 """Seconds an upstream agent may send nothing (its response headers, then its events:
 models think, tools run) before its run ends with ``AGUI_HUB_UPSTREAM_TIMEOUT``."""
+
+RAW_EVENTS = ("keep", "strip", "drop")
+"""What the hub stores of an agent's RAW events: each as sent (``keep``), without
+its payload (``strip``: ``{"type": "RAW", "event": null}``, with its ``source``
+and ``timestamp``), or nothing (``drop``)."""
 
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -50,6 +56,8 @@ class AgentEndpoint:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    raw_events: str | None = None
+    """One of :data:`RAW_EVENTS`; ``None``: the gateway's ``raw_events`` setting."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _AGENT_NAME.fullmatch(self.name):
@@ -77,6 +85,11 @@ class AgentEndpoint:
                             ("idle_timeout", self.idle_timeout)):  # fmt: skip
             if not isinstance(value, int | float) or not 0 < value <= 86400:
                 raise ValueError(f"agent {self.name!r}: {what} is seconds in (0, 86400]")
+        if self.raw_events is not None and self.raw_events not in RAW_EVENTS:
+            raise ValueError(
+                f"agent {self.name!r}: raw_events is one of {', '.join(RAW_EVENTS)}, "
+                f"not {self.raw_events!r}"
+            )
 
 
 def parse_agents(spec: str) -> dict[str, AgentEndpoint]:
@@ -105,6 +118,7 @@ def load_agents(path: str) -> dict[str, AgentEndpoint]:
         headers = { Authorization = "Bearer ..." }
         connect_timeout = 10
         idle_timeout = 300
+        raw_events = "strip"   # keep (default: the gateway's raw_events), strip, drop
 
     (JSON: ``{"agents": {"support": {"url": ..., "headers": {...}}}}``). Keep the
     file readable by the gateway only: it holds the agents' credentials.
@@ -125,11 +139,11 @@ def load_agents(path: str) -> dict[str, AgentEndpoint]:
     for name, entry in table.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("url"), str):
             raise ValueError(f"agents_file {path}: agent {name!r} needs a url")
-        unknown = set(entry) - {"url", "headers", "connect_timeout", "idle_timeout"}
+        unknown = set(entry) - {"url", "headers", "connect_timeout", "idle_timeout", "raw_events"}
         if unknown:
             raise ValueError(
                 f"agents_file {path}: agent {name!r}: unknown key {sorted(unknown)[0]!r} "
-                "(use url, headers, connect_timeout, idle_timeout)"
+                "(use url, headers, connect_timeout, idle_timeout, raw_events)"
             )
         headers = entry.get("headers", {})
         if not isinstance(headers, dict) or not all(
@@ -145,6 +159,7 @@ def load_agents(path: str) -> dict[str, AgentEndpoint]:
                     tuple(headers.items()),
                     entry.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT),
                     entry.get("idle_timeout", DEFAULT_IDLE_TIMEOUT),
+                    entry.get("raw_events"),
                 ),
             )
         except ValueError as exc:

@@ -72,7 +72,9 @@ class Bridge:
 
     *hub* is where threads are read and runs stored (the gateway's hub);
     *agents* are the agents it may call by name; *max_event_bytes* is the
-    largest event *hub* stores (the agents' SSE events are bounded by it).
+    largest event *hub* stores (the agents' SSE events are bounded by it);
+    *raw_events* what is stored of the RAW events of agents that do not say
+    (see :data:`~agui_hub.bridge.agents.RAW_EVENTS`).
     At most *max_runs* runs go at once, one per thread. Close it with
     :meth:`close`, which ends every run still going with a RUN_ERROR.
     """
@@ -85,6 +87,7 @@ class Bridge:
         max_event_bytes: int,
         max_runs: int = DEFAULT_MAX_RUNS,
         transport: httpx.AsyncBaseTransport | None = None,
+        raw_events: str = "keep",
     ) -> None:
         if max_runs < 1:
             raise ValueError("max_runs must be at least 1")
@@ -94,7 +97,10 @@ class Bridge:
         self.recorder = RunRecorder(hub, on_end=self._release)
         """Stores the runs' events, and their RUN_ERROR when they fail."""
         self.upstream = UpstreamRelay(
-            self.recorder, max_event_bytes=max_event_bytes, transport=transport
+            self.recorder,
+            max_event_bytes=max_event_bytes,
+            transport=transport,
+            raw_events=raw_events,
         )
         """POSTs the runs' inputs and relays the agents' answers to :attr:`recorder`."""
         self.runs: dict[str, BridgedRun] = {}

@@ -25,6 +25,7 @@ import httpx
 
 from ..errors import UpstreamError
 from ..wire.sse import SseParser, SseTooLarge
+from .agents import RAW_EVENTS
 from .bridged_run import TERMINAL, BridgedRun
 from .recorder import RunRecorder
 
@@ -45,7 +46,10 @@ class UpstreamRelay:
 
     Holds the HTTP client (and its idle connections) that every run's request
     goes through, *transport* for tests. *max_event_bytes* is the size the hub
-    stores of one event. Close it with :meth:`aclose` once no run is relayed.
+    stores of one event. *raw_events* (one of
+    :data:`~agui_hub.bridge.agents.RAW_EVENTS`) is what is stored of the RAW
+    events of agents that do not say (``AgentEndpoint.raw_events``). Close it
+    with :meth:`aclose` once no run is relayed.
     """
 
     def __init__(
@@ -54,8 +58,12 @@ class UpstreamRelay:
         *,
         max_event_bytes: int,
         transport: httpx.AsyncBaseTransport | None = None,
+        raw_events: str = "keep",
     ) -> None:
+        if raw_events not in RAW_EVENTS:
+            raise ValueError(f"raw_events is one of {', '.join(RAW_EVENTS)}, not {raw_events!r}")
         self.recorder = recorder
+        self.raw_events = raw_events
         # JSON from the agent is larger than the msgpack the hub stores: the
         # writer judges the stored size, the parser only stops runaway buffers.
         self.max_sse_bytes = 2 * max_event_bytes + 4096
@@ -170,6 +178,7 @@ class UpstreamRelay:
         error (handed over in *ahead*, after the events before it) or a cancel."""
         parser = SseParser(max_event_bytes=self.max_sse_bytes)
         idle = run.agent.idle_timeout
+        raw_events = run.agent.raw_events or self.raw_events
         loop = asyncio.get_running_loop()
         last_event = loop.time()
         count = 0
@@ -196,6 +205,10 @@ class UpstreamRelay:
                             f"{where} sent event #{count} that is not an object: "
                             f"{_quote(sse.data)}",
                         )
+                    if event.get("type") == "RAW" and raw_events != "keep":
+                        if raw_events == "drop":
+                            continue
+                        event = _stripped(event)
                     await ahead.put(event, len(sse.data))
                     if event.get("type") in TERMINAL:
                         ahead.finish(None)
@@ -287,6 +300,12 @@ async def _head_of(response: httpx.Response) -> str:
             if len(head) >= ERROR_BODY_CHARS:
                 break
     return _quote(head.decode("utf-8", "replace"))
+
+
+def _stripped(event: dict[str, Any]) -> dict[str, Any]:
+    """A RAW event without its payload (``raw_events = "strip"``)."""
+    kept: dict[str, Any] = {key: event[key] for key in ("source", "timestamp") if key in event}
+    return {"type": "RAW", "event": None, **kept}
 
 
 def _quote(text: str) -> str:

@@ -88,6 +88,10 @@ class GatewayConfig:
     """Work units the state deltas of one publish may spend on values the state
     holds already (copies, removals, replacements, moves; one unit is about one
     value visited): past it the publish is refused ``limit_exceeded``."""
+    raw_events: str = "keep"
+    """What is stored of upstream agents' RAW events: ``keep`` (as sent), ``strip``
+    (without their payload) or ``drop``; an agent of ``agents_file`` may say
+    otherwise (``raw_events``). See docs/bridge.md."""
     strict_patches: bool = False
     """Refuse (``patch_error``) a STATE_DELTA or ACTIVITY_DELTA whose patch does not
     apply, instead of storing it as the official client takes it (a warning; the
@@ -195,6 +199,8 @@ class GatewayConfig:
 
     def check(self) -> None:
         """Raise :class:`ValueError` naming the first setting that is out of range."""
+        if self.raw_events not in ("keep", "strip", "drop"):
+            raise ValueError(f"raw_events is keep, strip or drop, not {self.raw_events!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not a TCP port (0 to 65535; 0: any free)")
         for name in (
@@ -613,6 +619,8 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "instead (default 4 MiB)",
         "state_max_bytes": "largest folded state document of a thread (default 8 MiB)",
         "state_max_depth": "deepest nesting of a thread's state (default 64)",
+        "raw_events": "what is stored of upstream agents' RAW events: keep, strip (without "
+        "their payload) or drop; per agent in --agents-file (default keep; docs/bridge.md)",
         "strict_patches": "refuse a STATE_DELTA or ACTIVITY_DELTA whose JSON Patch does not "
         "apply (patch_error) instead of storing it as the official client takes it: with a "
         "warning, the state staying as it was (default: store it; docs/protocol.md)",

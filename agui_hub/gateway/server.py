@@ -144,6 +144,7 @@ class Gateway:
             build_agents(config),
             max_runs=config.max_runs,
             max_event_bytes=config.max_event_bytes,
+            raw_events=config.raw_events,
         )
         """Runs of upstream AG-UI agents (docs/bridge.md)."""
         self.runs = RunAccess(self.bridge)

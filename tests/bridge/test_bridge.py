@@ -1484,3 +1484,58 @@ async def test_keepalives_do_not_reset_the_idle_timeout(
     while raw_agent.hung_up < 1:
         assert time.monotonic() < deadline, "the hub did not close the agent's response"
         await asyncio.sleep(0.05)
+
+
+BIG_RAW = {"type": "RAW", "source": "langchain", "timestamp": 5, "event": {"data": "x" * 3000}}
+"""A RAW event past the ``max_event_bytes`` of the test below."""
+
+
+async def raw_heavy(body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    """A short answer with a large RAW event after each of its events, as LangGraph's adapter."""
+    thread, run = body["threadId"], body["runId"]
+    events: list[Event] = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": run},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "hi"},
+        {"type": "TEXT_MESSAGE_END", "messageId": "m"},
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": run},
+    ]
+    sent = [e for event in events[:-1] for e in (event, BIG_RAW)] + events[-1:]
+    writer.write(SSE_HEAD + b"".join(sse_data(e) for e in sent))
+    await writer.drain()
+
+
+async def test_raw_events_are_kept_stripped_or_dropped(mem_bench: Bench) -> None:
+    """raw_events: the gateway's setting for every agent, an agent's own in
+    agents_file; past max_event_bytes a kept RAW event ends the run."""
+    async with RawAgent({"raw": raw_heavy}) as raw:
+        path = mem_bench.tmp_path / "raw-events.toml"
+        path.write_text(
+            f'[agents.dropping]\nurl = "{raw.url("raw")}"\nraw_events = "drop"\n'
+            f'[agents.keeping]\nurl = "{raw.url("raw")}"\nraw_events = "keep"\n'
+        )
+        gateway = await mem_bench.gateway(
+            agents=f"stripping={raw.url('raw')}",
+            agents_file=str(path),
+            raw_events="strip",
+            max_event_bytes=2000,
+        )
+        stored: dict[str, list[Event]] = {}
+        for agent in ("stripping", "dropping", "keeping"):
+            thread = f"raw-{agent}-{uuid.uuid4().hex[:6]}"
+            await ended(await gateway.bridge.start(agent, thread, subject="tester"))
+            stored[agent] = await mem_bench.events(gateway, thread)
+    stripped = {"type": "RAW", "event": None, "source": "langchain", "timestamp": 5}
+    assert [e["type"] for e in stored["stripping"]].count("RAW") == 4
+    assert [e for e in stored["stripping"] if e["type"] == "RAW"] == [stripped] * 4
+    assert stored["stripping"][-1]["type"] == "RUN_FINISHED"
+    assert [e["type"] for e in stored["dropping"]] == [
+        "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]  # fmt: skip
+    kept = stored["keeping"]
+    assert [e["type"] for e in kept] == ["RUN_STARTED", "RUN_ERROR"]
+    assert kept[-1]["code"] == "AGUI_HUB_UPSTREAM_INVALID_EVENT"
+    assert "payload_too_large" in kept[-1]["message"]
+    with pytest.raises(ValueError, match="raw_events"):
+        GatewayConfig(raw_events="some")
