@@ -23,7 +23,7 @@ from ..wire.protocol import CloseCode
 from .auth import Authenticator
 from .config import SECONDS
 from .connection import Connection
-from .web import SseStream
+from .sse_stream import SseStream
 
 __all__ = ["AUTH_FILES_INTERVAL", "StoreHealth", "close_revoked", "watch_credentials"]
 

@@ -35,7 +35,7 @@ import json
 import logging
 import socket
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -49,7 +49,7 @@ from urllib.parse import parse_qs, unquote
 
 from websockets.datastructures import Headers, MultipleValuesError
 
-from ..bridge.runs import TERMINAL, Bridge, BridgedRun
+from ..bridge.runs import Bridge, BridgedRun
 from ..errors import (
     AguiHubError,
     Forbidden,
@@ -62,16 +62,15 @@ from ..errors import (
     Unauthorized,
     UnknownAgent,
 )
-from ..wire.codec import Encoding
 from ..wire.offsets import check_thread, offset_key
 from ..wire.protocol import CloseCode, Position, Start, StartKind
 from ..wire.sse import encode_comment, encode_event
 from .admission import Admission
 from .auth import Action, Authenticator, Identity, credentials_of
-from .commands import wake
 from .config import GatewayConfig, limit_key
 from .fanout.channels import Hub
 from .run_access import RunAccess
+from .sse_stream import SseStream
 
 if TYPE_CHECKING:
     import uvicorn
@@ -84,11 +83,6 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-JOINS_AT_OFFSET = ("live",)
-"""Subscribes whose reply's offset is where the stream's events begin (the ids the
-HTTP listener gives its own subscribes, echoed in the replies). Not a resume from a
-position, nor "start": their reply's offset is the head, with history to come."""
 
 KEEPALIVE_SECONDS = 15.0
 """A comment line this often on a quiet stream: proxies do not time it out, and a
@@ -107,8 +101,6 @@ AGENTS_PREFIX = "/agents/"
 THREADS_PREFIX = "/threads/"
 
 _ALLOWED_HEADERS = b"authorization, content-type, accept, last-event-id"
-
-_EVENT_HEAD = '{"type":"event","thread":'
 
 
 class HttpHost(Protocol):
@@ -141,203 +133,6 @@ def _before(offset: str) -> str:
     """The offset just before *offset* (no event can lie between them)."""
     ms, seq = offset_key(offset)
     return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
-
-
-class SseStream:
-    """One SSE client, as the hub sees it (a :class:`~agui_hub.gateway.fanout.channels.Subscriber`).
-
-    The hub sends it the JSON frames a WebSocket client would get; it turns
-    them into SSE. With *run*, it is the answer to ``POST /agents/<name>``:
-    only that run's events, the agent's RUN_STARTED as the agent sent it, no
-    frames of the hub's own, and the end of the run ends the stream.
-    """
-
-    encoding = Encoding.JSON
-
-    def __init__(
-        self,
-        thread: str,
-        bound: int,
-        run: BridgedRun | None = None,
-        identity: Identity | None = None,
-    ) -> None:
-        self.thread = thread
-        self.identity = identity
-        """Who reads it: the stream ends when its credentials expire or are revoked."""
-        self.bound = bound
-        self.run = run
-        self._head = _EVENT_HEAD + json.dumps(thread, ensure_ascii=False) + ',"offset":"'
-        self._queue: deque[bytes] = deque()
-        self.queued_bytes = 0
-        self.open = True
-        self.finished = False
-        """The stream ended on purpose (the run's end, an error told to the client)."""
-        self.close_reason: tuple[CloseCode, str] | None = None
-        self.offset: str | None = None
-        """The offset of the last event queued (a snapshot's, after one)."""
-        self._wake: asyncio.Future[None] | None = None
-        self._drain: asyncio.Future[None] | None = None
-
-    # Subscriber protocol -----------------------------------------------------------------
-
-    @property
-    def is_open(self) -> bool:
-        return self.open and not self.finished
-
-    def send(self, frame: bytes | str) -> bool:
-        if not self.is_open:
-            return True
-        assert isinstance(frame, str)
-        data = self._convert(frame)
-        if data:
-            before = self.queued_bytes
-            self._queue.append(data)
-            self.queued_bytes = before + len(data)
-            wake(self._wake)
-            if self.queued_bytes > self.bound and before > self.bound // 2:
-                if self.queued_bytes > 4 * self.bound:
-                    self.close_soon(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect and resume")
-                return False
-        return True
-
-    def has_room(self) -> bool:
-        return self.queued_bytes <= self.bound
-
-    async def drained(self) -> None:
-        while self.queued_bytes > self.bound // 2 and self.is_open:
-            if self._drain is None or self._drain.done():
-                self._drain = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._drain)
-
-    def close_soon(self, code: CloseCode, reason: str) -> None:
-        if self.is_open:
-            self.close_reason = (code, reason)
-            if self.run is None:
-                # EventSource reconnects by itself, with Last-Event-ID: it resumes.
-                self._push(encode_event(json.dumps({"code": int(code), "reason": reason}),
-                                        event="close"))  # fmt: skip
-            self.finished = True
-            wake(self._wake)
-            wake(self._drain)
-
-    def close_for_restart(self) -> None:
-        """End the stream for a drain (1012): the client reconnects, to any gateway,
-        and resumes where it was."""
-        self.close_soon(CloseCode.SERVICE_RESTART, "server restart: reconnect and resume")
-
-    # Frames to SSE --------------------------------------------------------------------------
-
-    def _convert(self, frame: str) -> bytes | None:
-        head = self._head
-        if frame.startswith(head):
-            # '{"type":"event","thread":<thread>,"offset":"<offset>","event":<event>}'
-            end = frame.index('"', len(head))
-            self.offset = offset = frame[len(head) : end]
-            event = frame[end + 10 : -1]  # after '","event":', before the final '}'
-            run = self.run
-            if run is None:
-                return encode_event(event, id=offset)
-            if offset == run.first_offset and run.first_event is not None:
-                event = json.dumps(run.first_event, ensure_ascii=False, separators=(",", ":"))
-            data = encode_event(event, id=offset)
-            if json.loads(event).get("type") in TERMINAL:
-                self.finished = True  # the run's end: after this, the response ends
-                self._push(data)
-                return None
-            return data
-        message = json.loads(frame)
-        kind = message.get("type")
-        if self.run is not None:
-            # Only the run's events go to an HttpAgent; whether the join was
-            # complete is the subscribe's answer (see HttpApp._join_run).
-            if kind == "error":
-                # The run's events cannot be told whole: end the response, the
-                # client sees a run without its end (the thread still has it all).
-                log.warning("run stream of thread %s ended early: %s", self.thread, message)
-                self.finished = True
-                wake(self._wake)
-            return None
-        if kind == "subscribed":
-            info = {k: message.get(k) for k in ("thread", "epoch", "offset", "recovered")}
-            # Where the events that follow start, when they follow at once: the id
-            # lets a client cut off before the first event resume without a gap
-            # (not after "start" or a position, whose reply's offset is the head
-            # with history to come, nor before a snapshot, whose last event
-            # carries the id).
-            resumes = message.get("recovered") and message.get("id") in (None, *JOINS_AT_OFFSET)
-            if resumes and self.offset is None:
-                self.offset = message.get("offset")
-            return encode_event(
-                json.dumps(info, ensure_ascii=False),
-                event="subscribed",
-                id=message.get("offset") if resumes else None,
-            )
-        if kind == "snapshot":
-            # The snapshot's events carry no offsets of their own; the last one
-            # carries the snapshot's, so a client cut off within it starts over.
-            info = {k: message.get(k) for k in ("offset", "epoch", "complete")}
-            self.offset = message["offset"]
-            parts = [encode_event(json.dumps(info), event="snapshot")]
-            events = message.get("events") or []
-            for n, event in enumerate(events):
-                last = n == len(events) - 1
-                parts.append(
-                    encode_event(
-                        json.dumps(event, ensure_ascii=False, separators=(",", ":")),
-                        id=message["offset"] if last else None,
-                    )
-                )
-            if not events:
-                parts.append(f"id: {message['offset']}\n\n".encode())
-            return b"".join(parts)
-        if kind == "error":
-            info = {k: message.get(k) for k in ("code", "message")}
-            self._push(encode_event(json.dumps(info, ensure_ascii=False), event="hub-error"))
-            self.finished = True
-            return None
-        return None
-
-    def discard(self) -> None:
-        """Drop what is queued (a join that is started again)."""
-        self._queue.clear()
-        self.queued_bytes = 0
-        wake(self._drain)
-
-    def _push(self, data: bytes) -> None:
-        self._queue.append(data)
-        self.queued_bytes += len(data)
-        wake(self._wake)
-
-    # The response's side ------------------------------------------------------------------
-
-    async def next_chunk(self, timeout: float) -> bytes | None:
-        """What to write next: queued bytes, ``b""`` after *timeout* with nothing
-        (write a keepalive), or ``None`` when the stream is over."""
-        if not self._queue:
-            if not self.is_open:
-                return None
-            self._wake = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._wake), timeout)
-            except TimeoutError:
-                return b""
-            finally:
-                self._wake = None
-            if not self._queue:
-                return None if not self.is_open else b""
-        chunk = b"".join(self._queue)
-        self._queue.clear()
-        self.queued_bytes = 0
-        wake(self._drain)
-        return chunk
-
-    def gone(self) -> None:
-        """The client went away."""
-        self.open = False
-        self._queue.clear()
-        self.queued_bytes = 0
-        wake(self._wake)
-        wake(self._drain)
 
 
 class _HttpError(Exception):
@@ -675,9 +470,11 @@ class HttpApp:
         identity = await self._identity(headers, query)
         if not identity.allows(Action.SUBSCRIBE, thread):
             raise Forbidden(f"this token may not read thread {thread!r}")
-        start = _start_of(headers, parse_qs(query))
+        params = parse_qs(query)
+        start = _start_of(headers, params)
+        plain = _first(params, "plain") in ("1", "true")
         with self._admitted(scope):
-            await self._thread_stream(receive, send, origin, identity, thread, start)
+            await self._thread_stream(receive, send, origin, identity, thread, start, plain)
 
     async def _thread_stream(
         self,
@@ -687,10 +484,12 @@ class HttpApp:
         identity: Identity,
         thread: str,
         start: Start,
+        plain: bool,
     ) -> None:
-        """Answer ``GET /threads/<thread>/events``: the thread from *start*, then live."""
+        """Answer ``GET /threads/<thread>/events``: the thread from *start*, then live
+        (*plain*: AG-UI events only, see :class:`SseStream`)."""
         gateway = self.gateway
-        stream = SseStream(thread, gateway.config.send_queue_bytes, identity=identity)
+        stream = SseStream(thread, gateway.config.send_queue_bytes, identity=identity, plain=plain)
         if isinstance(start, Position):
             # What the client has: a drain need not hold a client that resumed at
             # (or past) a stopped run's end (a snapshot, in another epoch, resets it).
@@ -704,7 +503,7 @@ class HttpApp:
                 await self._pump(stream, send)
             except AguiHubError as exc:
                 info = json.dumps({"code": exc.code, "message": str(exc)})
-                await _write(send, encode_event(info, event="hub-error"), gateway.write_timeout)
+                await _write(send, stream.named(info, "hub-error"), gateway.write_timeout)
 
     @contextlib.asynccontextmanager
     async def _serving(

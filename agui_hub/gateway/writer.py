@@ -544,7 +544,7 @@ class ThreadWriter:
             if stored:  # appended now, in order: the newest is the last
                 seen.after = offsets[stored[-1]]
             if unapplied:
-                self._not_applied(thread, unapplied, offsets, after)
+                self.patches_not_applied += _log_not_applied(thread, unapplied, offsets, after)
             if seen.epoch is None:
                 # This append created the thread: the next publish reads its
                 # epoch with the stream (the thread may be re-created by then).
@@ -600,27 +600,6 @@ class ThreadWriter:
             seen, judged, positions, [budgets[n] for n in positions], unapplied
         )
         return trial, window, judged[0], chunks
-
-    def _not_applied(
-        self,
-        thread: str,
-        unapplied: list[tuple[int, str]],
-        offsets: list[Offset],
-        after: tuple[int, int],
-    ) -> None:
-        """Log and count the deltas just stored that did not apply."""
-        for position, why in unapplied:
-            offset = offsets[position]
-            if offset_key(offset) <= after:
-                continue  # stored before, by an earlier try of the same publish
-            self.patches_not_applied += 1
-            log.warning(
-                "thread %r offset %s: %s; stored, and the state stays as it was, as the "
-                "official client takes it (the gateway's --strict-patches refuses it)",
-                thread,
-                offset,
-                why,
-            )
 
     def forget(self, thread: str) -> None:
         """Drop what the writer knows of *thread* (it is rebuilt from the store)."""
@@ -850,6 +829,26 @@ async def _try(
     except BaseException:
         docs.rollback()
         raise
+
+
+def _log_not_applied(
+    thread: str, unapplied: list[tuple[int, str]], offsets: list[Offset], after: tuple[int, int]
+) -> int:
+    """Log the deltas just stored (after *after*) that did not apply; how many."""
+    count = 0
+    for position, why in unapplied:
+        offset = offsets[position]
+        if offset_key(offset) <= after:
+            continue  # stored before, by an earlier try of the same publish
+        count += 1
+        log.warning(
+            "thread %r offset %s: %s; stored, and the state stays as it was, as the "
+            "official client takes it (the gateway's --strict-patches refuses it)",
+            thread,
+            offset,
+            why,
+        )
+    return count
 
 
 def _apply(

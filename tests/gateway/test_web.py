@@ -1803,3 +1803,51 @@ async def test_the_listener_takes_its_share_of_the_open_file_limit(
             writer.close()
     await wait_until(lambda: not http_app(gateway).streams, "the streams to be released")
     await assert_serving(mem.http, gateway)
+
+
+async def test_a_plain_stream_holds_ag_ui_events_only(web: Web) -> None:
+    """?plain=1: every data line is an AG-UI event (for tools that read every
+    data: as one); what the named events said is in id: lines and comments,
+    so a resume still works."""
+    gateway = await web.gateway()
+    thread = new_thread()
+    response = await web.http.post(base(gateway) + "/agents/ok", json=run_input(thread))
+    assert response.status_code == 200
+    history = await stored(gateway, thread)
+    head = history[-1][0]
+    url = base(gateway) + f"/threads/{thread}/events?plain=1"
+
+    async with sse(web.http, url) as reader:
+        blocks = await reader.until(has_id(head))
+    assert all(b.event is None for b in blocks)
+    assert sse_event_transcript(blocks) == history
+    assert b": subscribed {" in reader.raw  # what the named event said, as a comment
+
+    async with sse(web.http, url + "&from=snapshot") as reader:
+        blocks = await reader.until(lambda b: b.id is not None)
+    assert blocks[0].retry == 1000 and blocks[0].data is None
+    blocks = blocks[1:]
+    assert all(b.event is None and b.data is not None for b in blocks) and blocks[-1].id == head
+    want = fold([e for _, e in history])
+    got = fold([b.json for b in blocks])
+    assert (got.messages, got.state) == (want.messages, want.state)
+
+    async with sse(web.http, url + "&from=live") as reader:
+        # The live join's offset comes as an id alone, with no data: a client's
+        # last event id, whatever it reads.
+        first = await reader.until(lambda b: b.id is not None)
+        assert [(b.id, b.data, b.event) for b in first[1:]] == [(head, None, None)]
+        more = run_input(thread, [user("u9", "again")])
+        response = await web.http.post(base(gateway) + "/agents/ok", json=more)
+        assert response.status_code == 200
+        live = await reader.until(is_event("RUN_FINISHED"))
+    assert all(b.event is None and b.data is not None for b in live)
+    assert sse_event_transcript(live) == (await stored(gateway, thread))[len(history) :]
+
+    # Draining: the close is a comment, then the stream ends (EventSource reconnects).
+    async with sse(web.http, url + "&from=live") as reader:
+        await reader.until(lambda b: b.id is not None)
+        await gateway.drain()
+        rest = await reader.to_end()
+    assert all(b.event is None for b in rest)
+    assert b": close {" in reader.raw and b"1012" in reader.raw
