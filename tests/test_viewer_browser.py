@@ -387,6 +387,50 @@ async def test_markup_in_events_is_shown_as_text(browser: Browser, gateways: Gat
     viewer.check_clean()
 
 
+async def test_raw_events_are_counted_listed_or_hidden(
+    browser: Browser, gateways: Gateways
+) -> None:
+    """RAW and CUSTOM events (an agent framework's own, 1 to 3 kB each from
+    LangGraph) are counted on the events line by default, listed whole with
+    #raw=full, and not mentioned with #raw=hide; the transcript is the same."""
+    hub = gateway(gateways)
+    thread = "viewer-raw"
+    raw = {"type": "RAW", "source": "langchain", "event": {"chunk": "x" * 1500}}
+    events: list[dict[str, Any]] = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": "r1"},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m1", "role": "assistant"},
+        raw,
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "The answer is 42."},
+        raw,
+        {"type": "CUSTOM", "name": "progress", "value": {"done": 1}},
+        {"type": "TEXT_MESSAGE_END", "messageId": "m1"},
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": "r1"},
+    ]
+    async with HubClient(hub.url) as client:
+        await client.publish(thread, events)
+    pages = {}
+    for mode in ("short", "full", "hide"):
+        viewer = await Viewer.open(
+            browser, hub.port, thread + ("" if mode == "short" else f"&raw={mode}")
+        )
+        await viewer.wait_runs_ended()
+        await viewer.page.wait_for_timeout(100)  # one more frame: the events line
+        pages[mode] = (viewer, await viewer.text("events"), await viewer.transcript())
+    short, full, hide = (pages[m][1] for m in ("short", "full", "hide"))
+    assert "8 events" in short and "3 RAW/CUSTOM (3.2 kB) not shown" in short, short
+    assert "RAW/CUSTOM" not in full and "RAW/CUSTOM" not in hide
+    assert pages["short"][2] == pages["full"][2] == pages["hide"][2]
+    assert "The answer is 42." in pages["short"][2] and "x" * 100 not in pages["short"][2]
+    listed = pages["full"][0].page.locator("[data-testid=raw-events] li")
+    assert await listed.count() == 3
+    assert '"name":"progress"' in await listed.nth(2).inner_text()
+    assert "x" * 1500 in await listed.nth(0).inner_text()
+    for mode in ("short", "hide"):
+        assert not await pages[mode][0].page.locator("[data-testid=raw-events]").is_visible()
+    for viewer, _, _ in pages.values():
+        viewer.check_clean()
+
+
 # -- (f) how it looks ------------------------------------------------------------------------------
 
 

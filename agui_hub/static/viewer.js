@@ -666,6 +666,7 @@ var fast_json_patch_default = Object.assign({}, core_exports, duplex_exports, {
 var CLIENT_METADATA_KEY = "@ag-ui/client";
 var UNDECLARED = /* @__PURE__ */ Symbol("undeclared");
 var MAX_PROBLEMS = 50;
+var MAX_RAW_KEPT = 50;
 function isObject(value) {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
@@ -931,6 +932,12 @@ var Transcript = class {
   problemCount = 0;
   /** Events folded since the last reset. */
   eventCount = 0;
+  /** RAW and CUSTOM events since the last reset (they change nothing the transcript
+   * shows: an agent framework's own events, an application's), their JSON size, and
+   * the latest MAX_RAW_KEPT of them, for a view that shows them. */
+  rawCount = 0;
+  rawBytes = 0;
+  rawEvents = [];
   chunks = new ChunkExpander();
   byId = /* @__PURE__ */ new Map();
   calls = /* @__PURE__ */ new Map();
@@ -954,6 +961,9 @@ var Transcript = class {
     this.problems = [];
     this.problemCount = 0;
     this.eventCount = 0;
+    this.rawCount = 0;
+    this.rawBytes = 0;
+    this.rawEvents = [];
     this.chunks = new ChunkExpander();
     this.reindex();
     this.changes = freshChanges(true);
@@ -1116,6 +1126,16 @@ var Transcript = class {
     }
     for (const id of [...this.openToolCalls]) if (!this.calls.has(id)) this.openToolCalls.delete(id);
     this.changes.open = true;
+  }
+  /** A RAW or CUSTOM event: counted, and kept among the latest. */
+  noteRaw(e) {
+    this.rawCount += 1;
+    try {
+      this.rawBytes += JSON.stringify(e).length;
+    } catch {
+    }
+    this.rawEvents.push(e);
+    if (this.rawEvents.length > MAX_RAW_KEPT) this.rawEvents.shift();
   }
   changed(part) {
     this.changes[part] = true;
@@ -1416,6 +1436,12 @@ var HANDLERS = {
   },
   RUN_FINISHED(t, e) {
     endRun(t, e, "finished");
+  },
+  RAW(t, e) {
+    t.noteRaw(e);
+  },
+  CUSTOM(t, e) {
+    t.noteRaw(e);
   },
   RUN_ERROR(t, e) {
     endRun(t, e, "error");
@@ -1909,6 +1935,16 @@ function reorder(parent, children) {
     cursor = next;
   }
 }
+function kilobytes(size) {
+  return size < 1e3 ? `${size} B` : `${(size / 1e3).toFixed(1)} kB`;
+}
+function safeJson(value) {
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
 function textOf(root) {
   const lines = [];
   let line = "";
@@ -2005,6 +2041,11 @@ var Viewer = class {
   #notice = byId("notice");
   #stateProblem = byId("state-problem");
   #eventsLine = byId("events-line");
+  #rawPanel = byId("raw-events");
+  #rawList = byId("raw-list");
+  /** RAW and CUSTOM events: "short" (counted on the events line), "hide", "full" (listed). */
+  #rawMode = "short";
+  #rawShown = -1;
   constructor() {
     this.#view = new TranscriptView(testId("transcript"));
     this.#state = new JsonTree(byId("state"), 3);
@@ -2082,6 +2123,10 @@ var Viewer = class {
     const encoding = params.get("encoding") === "json" ? "json" : "msgpack";
     const from = params.get("from") === "snapshot" ? "snapshot" : "start";
     const thread = (params.get("thread") ?? "").trim();
+    const raw = params.get("raw");
+    this.#rawMode = raw === "hide" || raw === "full" ? raw : "short";
+    this.#rawShown = -1;
+    this.#schedule();
     this.#encoding.value = encoding;
     if (document.activeElement !== this.#threadInput || !this.#threadInput.value) {
       this.#threadInput.value = thread;
@@ -2253,7 +2298,25 @@ var Viewer = class {
     this.#stateProblem.textContent = problem ? "could not apply an update" : "";
     this.#stateProblem.title = problem ?? "";
     const skipped = this.model.problemCount;
-    this.#eventsLine.textContent = `${this.model.eventCount} events` + (skipped ? ` · ${skipped} could not be shown (${this.model.problems.at(-1)?.reason ?? ""})` : "") + (this.connection.trimmed ? " · the beginning of the thread was trimmed" : "");
+    const raw = this.model.rawCount;
+    this.#eventsLine.textContent = `${this.model.eventCount} events` + (raw && this.#rawMode === "short" ? ` · ${raw} RAW/CUSTOM (${kilobytes(this.model.rawBytes)}) not shown` : "") + (skipped ? ` · ${skipped} could not be shown (${this.model.problems.at(-1)?.reason ?? ""})` : "") + (this.connection.trimmed ? " · the beginning of the thread was trimmed" : "");
+    this.#renderRaw();
+  }
+  /** The latest RAW and CUSTOM events, whole, when the page is told to show them
+   * (#raw=full): one line of JSON each, newest last. */
+  #renderRaw() {
+    const full = this.#rawMode === "full" && this.model.rawCount > 0;
+    this.#rawPanel.hidden = !full;
+    if (!full || this.#rawShown === this.model.rawCount) return;
+    this.#rawShown = this.model.rawCount;
+    const items = this.model.rawEvents.map((event) => {
+      const item = document.createElement("li");
+      item.textContent = safeJson(event);
+      return item;
+    });
+    this.#rawList.replaceChildren(...items);
+    const older = this.model.rawCount - this.model.rawEvents.length;
+    byId("raw-head").textContent = `RAW and CUSTOM events: ${this.model.rawCount}` + (older ? ` (the latest ${items.length})` : "");
   }
   #setStatus(state) {
     const c = this.connection;

@@ -82,6 +82,8 @@ export interface Problem {
 const CLIENT_METADATA_KEY = "@ag-ui/client";
 const UNDECLARED = Symbol("undeclared");
 const MAX_PROBLEMS = 50;
+/** RAW and CUSTOM events kept for the view (the latest); all are counted. */
+export const MAX_RAW_KEPT = 50;
 
 function isObject(value: unknown): value is Obj {
   return typeof value === "object" && value !== null && !Array.isArray(value);
@@ -399,6 +401,12 @@ export class Transcript {
   problemCount = 0;
   /** Events folded since the last reset. */
   eventCount = 0;
+  /** RAW and CUSTOM events since the last reset (they change nothing the transcript
+   * shows: an agent framework's own events, an application's), their JSON size, and
+   * the latest MAX_RAW_KEPT of them, for a view that shows them. */
+  rawCount = 0;
+  rawBytes = 0;
+  rawEvents: Obj[] = [];
 
   private chunks = new ChunkExpander();
   private byId = new Map<unknown, Message>();
@@ -424,6 +432,9 @@ export class Transcript {
     this.problems = [];
     this.problemCount = 0;
     this.eventCount = 0;
+    this.rawCount = 0;
+    this.rawBytes = 0;
+    this.rawEvents = [];
     this.chunks = new ChunkExpander();
     this.reindex();
     this.changes = freshChanges(true);
@@ -612,6 +623,18 @@ export class Transcript {
     }
     for (const id of [...this.openToolCalls]) if (!this.calls.has(id)) this.openToolCalls.delete(id);
     this.changes.open = true;
+  }
+
+  /** A RAW or CUSTOM event: counted, and kept among the latest. */
+  noteRaw(e: Obj): void {
+    this.rawCount += 1;
+    try {
+      this.rawBytes += JSON.stringify(e).length;
+    } catch {
+      // a value JSON cannot hold: counted, not measured
+    }
+    this.rawEvents.push(e);
+    if (this.rawEvents.length > MAX_RAW_KEPT) this.rawEvents.shift();
   }
 
   changed(part: "runs" | "state" | "open"): void {
@@ -932,6 +955,12 @@ const HANDLERS: Record<string, Handler> = {
   },
   RUN_FINISHED(t, e) {
     endRun(t, e, "finished");
+  },
+  RAW(t, e) {
+    t.noteRaw(e);
+  },
+  CUSTOM(t, e) {
+    t.noteRaw(e);
   },
   RUN_ERROR(t, e) {
     endRun(t, e, "error");

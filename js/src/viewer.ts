@@ -548,6 +548,18 @@ function reorder(parent: HTMLElement, children: HTMLElement[]): void {
 }
 
 /** The text of a subtree, one line per block, hidden parts (collapsed reasoning) included. */
+function kilobytes(size: number): string {
+  return size < 1000 ? `${size} B` : `${(size / 1000).toFixed(1)} kB`;
+}
+
+function safeJson(value: unknown): string {
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
 function textOf(root: Node): string {
   const lines: string[] = [];
   let line = "";
@@ -658,6 +670,11 @@ class Viewer {
   readonly #notice = byId<HTMLElement>("notice");
   readonly #stateProblem = byId<HTMLElement>("state-problem");
   readonly #eventsLine = byId<HTMLElement>("events-line");
+  readonly #rawPanel = byId<HTMLElement>("raw-events");
+  readonly #rawList = byId<HTMLOListElement>("raw-list");
+  /** RAW and CUSTOM events: "short" (counted on the events line), "hide", "full" (listed). */
+  #rawMode: "short" | "hide" | "full" = "short";
+  #rawShown = -1;
 
   constructor() {
     this.#view = new TranscriptView(testId("transcript"));
@@ -743,6 +760,10 @@ class Viewer {
     const encoding: Encoding = params.get("encoding") === "json" ? "json" : "msgpack";
     const from: From = params.get("from") === "snapshot" ? "snapshot" : "start";
     const thread = (params.get("thread") ?? "").trim();
+    const raw = params.get("raw");
+    this.#rawMode = raw === "hide" || raw === "full" ? raw : "short";
+    this.#rawShown = -1;
+    this.#schedule();
     this.#encoding.value = encoding;
     if (document.activeElement !== this.#threadInput || !this.#threadInput.value) {
       this.#threadInput.value = thread;
@@ -931,10 +952,33 @@ class Viewer {
     this.#stateProblem.textContent = problem ? "could not apply an update" : "";
     this.#stateProblem.title = problem ?? "";
     const skipped = this.model.problemCount;
+    const raw = this.model.rawCount;
     this.#eventsLine.textContent =
       `${this.model.eventCount} events` +
+      (raw && this.#rawMode === "short"
+        ? ` · ${raw} RAW/CUSTOM (${kilobytes(this.model.rawBytes)}) not shown`
+        : "") +
       (skipped ? ` · ${skipped} could not be shown (${this.model.problems.at(-1)?.reason ?? ""})` : "") +
       (this.connection.trimmed ? " · the beginning of the thread was trimmed" : "");
+    this.#renderRaw();
+  }
+
+  /** The latest RAW and CUSTOM events, whole, when the page is told to show them
+   * (#raw=full): one line of JSON each, newest last. */
+  #renderRaw(): void {
+    const full = this.#rawMode === "full" && this.model.rawCount > 0;
+    this.#rawPanel.hidden = !full;
+    if (!full || this.#rawShown === this.model.rawCount) return;
+    this.#rawShown = this.model.rawCount;
+    const items = this.model.rawEvents.map((event) => {
+      const item = document.createElement("li");
+      item.textContent = safeJson(event);
+      return item;
+    });
+    this.#rawList.replaceChildren(...items);
+    const older = this.model.rawCount - this.model.rawEvents.length;
+    byId<HTMLElement>("raw-head").textContent =
+      `RAW and CUSTOM events: ${this.model.rawCount}` + (older ? ` (the latest ${items.length})` : "");
   }
 
   #setStatus(state: ConnectionModel["state"]): void {

@@ -110,6 +110,22 @@ if (process.argv[2]) {
     assert.equal(t.stateProblem, null);
   });
 
+  test("RAW and CUSTOM events are counted, the latest kept, and change nothing else", () => {
+    const events = [{ type: "RUN_STARTED", threadId: "t", runId: "r1" }];
+    for (let i = 0; i < 60; i++) events.push({ type: "RAW", event: { i } });
+    events.push({ type: "CUSTOM", name: "n", value: 1 });
+    const t = fold(events);
+    assert.equal(t.rawCount, 61);
+    assert.equal(t.rawEvents.length, 50);
+    assert.deepEqual(t.rawEvents.at(-1), { type: "CUSTOM", name: "n", value: 1 });
+    assert.deepEqual(t.rawEvents[0], { type: "RAW", event: { i: 11 } });
+    assert.ok(t.rawBytes > 60 * 20);
+    assert.equal(t.messages.length, 0);
+    assert.equal(t.problemCount, 0);
+    t.reset();
+    assert.equal(t.rawCount + t.rawBytes + t.rawEvents.length, 0);
+  });
+
   test("untrusted input never throws", () => {
     const t = new Transcript();
     for (const bad of [null, 1, "x", [], {}, { type: 5 }, { type: "TEXT_MESSAGE_CONTENT" },
