@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import re
 import secrets
 import subprocess
@@ -39,7 +40,7 @@ from agui_hub.client.hub_client import HubClient, ThreadEvent
 from agui_hub.gateway.auth import encode_token
 from agui_hub.gateway.config import MIB, SETTING_GROUPS, GatewayConfig
 
-from .conftest import TIMEOUT_SCALE, RedisServer
+from .conftest import TIMEOUT_SCALE, RedisServer, unusable
 from .processes import CLI, GatewayProcess, Gateways, child_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -48,6 +49,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN_TIMEOUT = 60 * TIMEOUT_SCALE
 """Seconds one snippet may take (they take about one)."""
+
+NEEDS_FRAMEWORKS = {"docs/agents.md"}
+"""Documents whose snippets use agent frameworks (the ``frameworks`` extra): without them
+the snippets are skipped with the command that installs them (failed under CI)."""
+FRAMEWORK_MODULES = ("pydantic_ai", "langgraph", "ag_ui_langgraph", "fastapi")
 
 NOT_RUN: dict[str, set[str]] = {}
 """Per document, the reasons of its blocks marked ``<!-- not run: reason -->``:
@@ -290,6 +296,39 @@ def _agent_with_token(world: World, output: str) -> None:
     assert [e["type"] for e in events] == ["RUN_STARTED", "RUN_FINISHED"], events
 
 
+def _pydantic_ai_behind_the_bridge(world: World, output: str) -> None:
+    # Two runs through the hub, each to its end, the answer streamed both times.
+    lines = [line.rstrip() for line in output.splitlines()]
+    runs = [line for line in lines if line.startswith("RUN_")]
+    assert runs == ["RUN_STARTED", "RUN_FINISHED"] * 2, output
+    assert lines.count("TEXT_MESSAGE_CONTENT 42.") == 2
+    assert "REASONING_ENCRYPTED_VALUE" in lines and "TOOL_CALL_RESULT" in lines
+
+
+def _langgraph_behind_the_bridge(world: World, output: str) -> None:
+    lines = [line.rstrip() for line in output.splitlines()]
+    assert lines[0] == "RUN_STARTED" and lines[-1] == "RUN_FINISHED", output
+    assert "TEXT_MESSAGE_CONTENT 42." in lines
+    raws = [line for line in lines if line.startswith("RAW")]
+    assert raws and all(line == "RAW  None" for line in raws), raws  # stored stripped
+
+
+def _pydantic_ai_publishing(world: World, output: str) -> None:
+    events = read_thread(world.plain.url, "t2")
+    assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "Paris is sunny."
+
+
+def _sdk_events_publishing(world: World, output: str) -> None:
+    events = read_thread(world.plain.url, "t3")
+    assert [e["type"] for e in events] == [
+        "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
+        "STATE_SNAPSHOT", "RUN_FINISHED",
+    ]  # fmt: skip
+    assert events[2] == {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "Hi!"}
+
+
 CHECKS: dict[tuple[str, str], Callable[[World, str], None]] = {
     ("README.md", "async with HubClient("): _client_example,
     ("README.md", "async with Publisher("): _publisher_example,
@@ -297,6 +336,10 @@ CHECKS: dict[tuple[str, str], Callable[[World, str], None]] = {
     ("docs/client.md", "Position.from_json("): _resume_example,
     ("docs/client.md", "async with Publisher("): _publisher_retried,
     ("docs/security.md", "HubClient("): _agent_with_token,
+    ("docs/agents.md", "AGUIAdapter.dispatch_request("): _pydantic_ai_behind_the_bridge,
+    ("docs/agents.md", "add_langgraph_fastapi_endpoint("): _langgraph_behind_the_bridge,
+    ("docs/agents.md", "adapter.run_stream()"): _pydantic_ai_publishing,
+    ("docs/agents.md", 'publisher.publish_batch("t3"'): _sdk_events_publishing,
 }
 """Checks of particular snippets: (document, a string only that snippet of the
 document holds) -> check of its output, run after it ended well."""
@@ -310,6 +353,10 @@ def test_snippet_runs(block: Block, request: pytest.FixtureRequest) -> None:
             f"{block.name} is marked not run ({block.not_run!r}) but NOT_RUN does not list it"
         )
         pytest.skip(f"not run: {block.not_run}")
+    if block.document in NEEDS_FRAMEWORKS:
+        missing = [m for m in FRAMEWORK_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            unusable(f"{block.name} needs {', '.join(missing)}: pip install -e '.[frameworks]'")
     world: World = request.getfixturevalue("world")
     result = world.run(block)
     assert result.returncode == 0, (
