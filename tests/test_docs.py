@@ -40,7 +40,7 @@ from agui_hub.client.hub_client import HubClient, ThreadEvent
 from agui_hub.gateway.auth import encode_token
 from agui_hub.gateway.config import MIB, SETTING_GROUPS, GatewayConfig
 
-from .conftest import TIMEOUT_SCALE, RedisServer, unusable
+from .conftest import TIMEOUT_SCALE, RedisServer, free_port, unusable
 from .processes import CLI, GatewayProcess, Gateways, child_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,6 +54,11 @@ NEEDS_FRAMEWORKS = {"docs/agents.md"}
 """Documents whose snippets use agent frameworks (the ``frameworks`` extra): without them
 the snippets are skipped with the command that installs them (failed under CI)."""
 FRAMEWORK_MODULES = ("pydantic_ai", "langgraph", "ag_ui_langgraph", "fastapi")
+
+FIXED_PORTS_IN = {"docs/agents.md"}
+FIXED_PORTS = ("8001", "8002", "8780", "8781")
+"""The loopback ports the recipes of FIXED_PORTS_IN serve on; each run takes free ones."""
+FIXED_PORT = re.compile(r"\b(" + "|".join(FIXED_PORTS) + r")\b")
 
 NOT_RUN: dict[str, set[str]] = {}
 """Per document, the reasons of its blocks marked ``<!-- not run: reason -->``:
@@ -191,6 +196,11 @@ class World:
 
     def run(self, block: Block) -> subprocess.CompletedProcess[str]:
         code = self.substitute(block.code)
+        if block.document in FIXED_PORTS_IN:
+            # The recipes serve on fixed loopback ports, as a reader would: each
+            # run here takes free ones instead, so that a busy port fails nothing.
+            ports = {fixed: str(free_port()) for fixed in FIXED_PORTS}
+            code = FIXED_PORT.sub(lambda m: ports[m.group(1)], code)
         left = UNRESOLVED.findall(code)
         assert not left, f"{block.name}: {left} is not a URL this test stands in for"
         path = self.directory / "snippet.py"
