@@ -1169,3 +1169,19 @@ def test_a_redis_url_without_the_redis_extra_exits_1_everywhere_with_one_message
         messages[args[0]] = line.removeprefix(f"agui-hub {args[0]}: ")
     assert len(set(messages.values())) == 1, messages
     assert "pip install 'agui-hub[redis]'" in messages["serve"], messages
+
+
+def test_serve_runs_the_collector_less_often_and_freezes_what_start_up_made() -> None:
+    import gc
+
+    from agui_hub.cli import serve
+
+    threshold = gc.get_threshold()
+    try:
+        serve._tune_collector()
+        assert gc.get_threshold() == serve.GC_THRESHOLD
+        assert serve.GC_THRESHOLD[0] > threshold[0]
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
