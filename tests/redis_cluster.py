@@ -122,6 +122,7 @@ class RedisCluster:
             "--cluster-enabled", "yes",
             "--cluster-config-file", f"nodes-{node.port}.conf",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            "--repl-diskless-sync-delay", "0",
             "--cluster-require-full-coverage", "yes" if self.full_coverage else "no",
             "--dir", str(node.workdir),
             "--appendonly", "yes",

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from agui_hub.store.contract import ThreadStore
 from agui_hub.store.memory import MemoryStore
@@ -138,11 +139,22 @@ async def test_store_url_password_never_shows(
     redis = PasswordRedis(tmp_path / "redis", SECRET)
     clients: list[Client] = []
     try:
-        good = start_gateway(
-            tmp_path, f"redis://default:{SECRET}@127.0.0.1:{redis.port}/0", started=gateways
-        )
-        bad = start_gateway(
-            tmp_path, f"redis://:{WRONG}@127.0.0.1:{redis.port}/0", started=gateways
+        # Both started at once. The good one's live feeds give up on Redis after
+        # outage_grace=1 s (default 5 s) so that its viewer is told of the outage
+        # sooner; the bad one's URL has no query: the password is hidden in both forms.
+        good, bad = await asyncio.gather(
+            asyncio.to_thread(
+                start_gateway,
+                tmp_path,
+                f"redis://default:{SECRET}@127.0.0.1:{redis.port}/0?outage_grace=1",
+                started=gateways,
+            ),
+            asyncio.to_thread(
+                start_gateway,
+                tmp_path,
+                f"redis://:{WRONG}@127.0.0.1:{redis.port}/0",
+                started=gateways,
+            ),
         )
         status, body = await http_get(good.port, "/readyz")
         assert status == 200, body  # the password works
@@ -195,7 +207,10 @@ async def test_store_url_password_never_shows(
             pass  # told nothing (another test's business)
         for text in said:
             assert SECRET not in text, text
-        await asyncio.sleep(1.0)  # whatever is logged about the outage
+        # Whatever is logged about the outage: the hub's warning names the store.
+        async with asyncio.timeout(WAIT):
+            while "store unavailable" not in good.log():
+                await asyncio.sleep(0.05)
         for gateway, secret in ((good, SECRET), (bad, WRONG)):
             log = gateway.log()
             assert secret not in log, f"the password is in the log:\n{log[-3000:]}"
@@ -383,7 +398,9 @@ async def test_a_message_in_too_many_fragments_closes_1009(mem: Harness) -> None
 
     (The gateway's side of that socket lingers for the WebSocket close timeout, 10 s:
     the library stops reading with the unread fragments queued, so it sees the
-    client's close only then. One encoding: the limit is the WebSocket layer's.)"""
+    client's close only then; the test ends that wait itself, as the timeout would,
+    rather than let the gateway's drain sit it out. One encoding: the limit is the
+    WebSocket layer's.)"""
     gateway = await mem.gateway()
     bystander = await mem.client(gateway, MSGPACK)
     client = await mem.client(gateway, JSON)
@@ -395,6 +412,11 @@ async def test_a_message_in_too_many_fragments_closes_1009(mem: Harness) -> None
     assert await client.closed_code() == 1009
     assert client.ws.close_reason == "too many fragments"
     await bystander.ping()  # the others are untouched
+    assert gateway.server is not None
+    lingering = [ws for ws in gateway.server.all_connections if ws.state is State.CLOSING]
+    assert len(lingering) == 1  # the refused one, waiting for a close it cannot read
+    lingering[0].transport.abort()  # what its close timeout would do, 10 s on
+    await asyncio.wait_for(lingering[0].wait_closed(), WAIT)
 
 
 # -- offsets --------------------------------------------------------------------------------

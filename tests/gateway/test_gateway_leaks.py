@@ -433,6 +433,20 @@ async def settled_rss(pid: int, samples: int = 5) -> int:
     return min(values)
 
 
+async def no_client_connections(port: int) -> None:
+    """Wait until the process listening on *port* holds no TCP connection (the
+    clients' last frees are then done or under way: settled_rss() samples for 1 s)."""
+    await eventually(
+        lambda: (
+            f"{server_side_connections(port)} connection(s) still open"
+            if server_side_connections(port)
+            else None
+        ),
+        ABORT_GRACE,
+        "the gateway to let its last clients go",
+    )
+
+
 def server_side_connections(port: int) -> int:
     """TCP connections the process listening on *port* holds open (established, or
     half-closed by the peer and not yet closed by the server)."""
@@ -847,7 +861,7 @@ async def test_gateway_process_rss_returns_near_baseline_after_mixed_aborts(
             frames = await reader.until_offset(thread, first[thread][-1], timeout=6 * WAIT)
             assert len(events_of(frames)) == len(first[thread])
             await reader.close()
-        await asyncio.sleep(1.0)
+        await no_client_connections(gw.port)
         start_rss = await settled_rss(pid)
 
         async def leave(thread: str, style: str, i: int) -> None:
@@ -900,7 +914,7 @@ async def test_gateway_process_rss_returns_near_baseline_after_mixed_aborts(
             for raw in raws:
                 raw.abort()
             raws.clear()
-            await asyncio.sleep(1.0)
+            await no_client_connections(gw.port)
             measured.append((during, await settled_rss(pid), held, took))
 
         (during1, baseline, held1, took1), (during2, after, held2, took2) = measured

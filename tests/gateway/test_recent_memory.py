@@ -10,6 +10,7 @@ runs a hub on a real Redis and measures the entries its live reader made.
 
 from __future__ import annotations
 
+import fnmatch
 import gc
 import tracemalloc
 import uuid
@@ -169,11 +170,20 @@ def entries_memory() -> int:
     """Bytes held now that were allocated by the code that makes stored entries
     (the Redis store's replies and notifications) and keeps them (the cache)."""
     gc.collect()
-    snapshot = tracemalloc.take_snapshot().filter_traces(
-        [
-            tracemalloc.Filter(True, "*/agui_hub/store/redis/*"),
-            tracemalloc.Filter(True, "*/agui_hub/gateway/fanout/recent.py"),
-            tracemalloc.Filter(True, "<string>"),  # Entry.__new__, made by NamedTuple
-        ]
+    # Summed per file, then the files kept: what Snapshot.filter_traces() with these
+    # patterns keeps, without matching each of the ~100,000 traces one by one
+    # (seconds a measurement under tracemalloc).
+    per_file = tracemalloc.take_snapshot().statistics("filename")
+    return sum(
+        stat.size
+        for stat in per_file
+        if any(fnmatch.fnmatch(stat.traceback[0].filename, p) for p in ENTRY_FILES)
     )
-    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+ENTRY_FILES = (
+    "*/agui_hub/store/redis/*",
+    "*/agui_hub/gateway/fanout/recent.py",
+    "<string>",  # Entry.__new__, made by NamedTuple
+)
+"""The files whose allocations :func:`entries_memory` counts (fnmatch patterns)."""

@@ -564,6 +564,17 @@ async def test_default_ttl_is_reported_under_a_volatile_policy(own_redis: RedisS
     try:
         await admin.config_set("appendonly", "yes")
         await admin.config_set("maxmemory-policy", "volatile-lru")
+        # Switching AOF on starts a rewrite of the initial AOF; until it is written
+        # Redis refuses to shut down on SIGTERM ("Writing initial AOF, can't exit")
+        # and the fixture would wait out its 10 s before killing it.
+        async with asyncio.timeout(10 * TIMEOUT_SCALE):
+            while True:
+                persistence = await admin.info("persistence")
+                if not (
+                    persistence["aof_rewrite_in_progress"] or persistence["aof_rewrite_scheduled"]
+                ):
+                    break
+                await asyncio.sleep(0.01)
         (warning,) = await default.durability_warnings()
         assert "volatile-lru" in warning and "ttl option to 0" in warning
         assert await forever.durability_warnings() == []
