@@ -149,6 +149,8 @@ class LiveReader:
         """Loop time the pub/sub connection last delivered something."""
         self._ping_sent: float | None = None
         """Loop time of the PING not answered yet (``None``: none outstanding)."""
+        self._subscribed = asyncio.Event()
+        """Set when a SUBSCRIBE went out: an idle reader starts reading at once."""
 
     @property
     def threads(self) -> int:
@@ -191,6 +193,7 @@ class LiveReader:
                 self._ensure_running()
                 async with self._pubsub_lock:
                     await self._calls.call(self._subscribe_channels([channel]))
+                self._subscribed.set()
             except BaseException as exc:
                 feed.subs.discard(sub)
                 if self._feeds.get(thread) is feed:
@@ -406,8 +409,13 @@ class LiveReader:
         """
         pubsub = self._pubsub
         if not self._channels or pubsub is None or pubsub.connection is None:
+            # Nothing subscribed (yet): wait for a SUBSCRIBE to go out, whose
+            # confirmation the next turn reads (50 ms at most, to look again).
             self._ping_sent = None
-            await asyncio.sleep(0.05)  # nothing subscribed (yet)
+            self._subscribed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await self._subscribed.wait()
             return
         loop = asyncio.get_running_loop()
         wait = SILENCE
