@@ -260,6 +260,12 @@ class Gateway:
                     conn.close_soon(CloseCode.IDLE_TIMEOUT, "idle: reconnect when needed")
                     break
                 await conn.receive(data)
+            # Closing (the gateway closed it: a slow consumer, a drain): what the
+            # client still sends is read and dropped, so that its answer to the
+            # close is seen and the socket freed at once; unread, a client with
+            # frames in flight kept it until websockets' close timeout (10 s).
+            while True:
+                await ws.recv()
         except ConnectionClosed:
             pass
         except Exception:
