@@ -244,10 +244,11 @@ def test_none_for_a_required_number_is_a_value_error(name: str, raw: str) -> Non
 
 def test_every_setting_can_come_from_the_environment() -> None:
     samples = {int: ("7", 7), float: ("2.5", 2.5), bool: ("true", True), str: ("x", "x")}
+    choices = {"raw_events": ("strip", "strip")}  # one of a few words
     for name, kind in setting_kinds().items():
         if name in {"tls_cert", "tls_key"}:
             continue  # only as a pair, below
-        raw, value = samples[kind]
+        raw, value = choices.get(name, samples[kind])
         config = from_env({f"AGUI_HUB_{name.upper()}": raw})
         assert getattr(config, name) == value, name
     pair = from_env({"AGUI_HUB_TLS_CERT": "c.pem", "AGUI_HUB_TLS_KEY": "k.pem"})
