@@ -40,7 +40,7 @@ from ..contract import (
     tenant_of,
     too_many_threads,
 )
-from .calls import MAYBE_STORED, RedisCalls, bounded
+from .calls import MAYBE_STORED, Deadlines, RedisCalls, bounded
 from .keys import checkpoint_key, ids_key, meta_key, notify_channel, stream_key, tenant_key
 from .resp import command, normal_offset, round_trip, text
 from .scripts import Script
@@ -107,6 +107,8 @@ class Appender:
         self.notify_bytes = notify_bytes
         """Appends whose events total at most this many bytes carry them in their
         notification (0: notifications carry only the last offset)."""
+        self._deadlines = Deadlines()
+        """The callers' deadlines (``op_timeout`` after each call)."""
         self._lanes: dict[str, _Lane] = {}
         self._lane_of: dict[str, str] = {}
         """The lane of each thread with appends queued or in flight (it stays
@@ -143,18 +145,18 @@ class Appender:
             lane.committer = asyncio.create_task(
                 self._commit(name, lane), name="agui-hub redis commit"
             )
-        # A cancelled (or timed-out) caller cancels only its own future; the
+        # A cancelled (or timed-out) caller ends only its own future; the
         # commit goes on for the others that share its round trip (and the
         # caller's events may still be appended: retry with the same ids).
-        try:
-            async with asyncio.timeout(self._calls.op_timeout):
-                return await done
-        except TimeoutError:
-            raise StoreUnavailable(
-                f"Redis at {self._calls.url} is unavailable: the append was not confirmed within "
-                f"{self._calls.op_timeout:g} s; the events may or may not be stored: "
-                "retry with the same event ids"
-            ) from None
+        self._deadlines.add(done, self._calls.op_timeout, self._not_confirmed)
+        return await done
+
+    def _not_confirmed(self) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"Redis at {self._calls.url} is unavailable: the append was not confirmed within "
+            f"{self._calls.op_timeout:g} s; the events may or may not be stored: "
+            "retry with the same event ids"
+        )
 
     async def _commit(self, name: str, lane: _Lane) -> None:
         while lane.queued:
