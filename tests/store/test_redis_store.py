@@ -137,6 +137,41 @@ async def test_plain_xadd_from_another_language_is_readable(redis_server: RedisS
     await store.close()
 
 
+async def test_the_ttl_is_refreshed_once_a_sixteenth_of_it_passed_and_every_key_has_one(
+    redis_server: RedisServer,
+) -> None:
+    """An append refreshes the keys' TTL only once a sixteenth of it has passed
+    (two PEXPIREs fewer per append), and at once when a key may be new: every
+    key of a thread always has a TTL."""
+    prefix = f"ttl-{uuid.uuid4().hex[:6]}"
+    store = RedisStore(redis_server.url, prefix=prefix, retention=Retention(ttl=1000))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    keys = [stream_key(prefix, "t"), f"{prefix}:{{t}}:meta", f"{prefix}:{{t}}:ids"]
+
+    async def ttls() -> list[int]:
+        return [await raw.pttl(key) for key in keys]
+
+    try:
+        await store.append("t", [item(0)])  # a new thread: every key gets one
+        first = await ttls()
+        assert all(990_000 < t <= 1_000_000 for t in first), first
+        await asyncio.sleep(0.3)
+        await store.append("t", [item(1)])  # within the sixteenth: not refreshed
+        assert all(t < f - 250 for t, f in zip(await ttls(), first, strict=True))
+        # A sixteenth of the TTL (62.5 s) has passed since the refresh:
+        expires = int(await raw.hget(keys[1], "expires"))
+        await raw.hset(keys[1], "expires", str(expires - 63_000))
+        await store.append("t", [item(2)])
+        assert all(t > 999_000 for t in await ttls())
+        # A key made anew gets one at once: the stream lost (a new epoch).
+        await raw.delete(keys[0])
+        await store.append("t", [item(3)])
+        assert all(t > 999_000 for t in await ttls())
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
 async def test_retention_options_reach_redis(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, prefix="ret", retention=Retention(max_len=2, ttl=30))
     await store.append("t", [item(i) for i in range(4)])

@@ -3,7 +3,8 @@
 -- Checks each event id (a retried call returns the original offsets and appends
 -- nothing), appends, creates the thread's epoch if it is new (within its
 -- tenant's quota of threads), trims by length, age and bytes, refreshes the
--- idle TTL and notifies live readers. A conditional append first checks that
+-- idle TTL (when a sixteenth of it has passed since the last refresh, or a key
+-- was made anew) and notifies live readers. A conditional append first checks that
 -- the epoch is the expected one and that no entry follows the expected offset.
 -- A stream or ids hash lost under its epoch (eviction, a restore from an older
 -- snapshot) gives the thread a new epoch (or rebuilds its ids): nothing rewinds
@@ -81,8 +82,13 @@ local PRUNE_SAMPLE = 64
 local tenant = KEYS[5]
 local FIRST = 15
 
-local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids', 'bytes')
+local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids', 'bytes',
+  'expires')
 local epoch, run, last, trimmed, has_ids = state[1], state[2] or '', state[3], state[4], state[5]
+-- When the keys' TTL was last refreshed to end (ms since the epoch; false: unknown).
+local expires = state[7]
+-- Whether the ids hash held ids before this append (if not, a new one gets a TTL).
+local had_ids = has_ids
 -- Bytes of the stored entries' payloads. Kept in a local and written once at
 -- the end: the common append costs one HSET more, whatever it trims.
 local has_bytes = state[6]
@@ -363,9 +369,20 @@ elseif total ~= stored_total then
 end
 
 if ttl_ms > 0 then
-  redis.call('PEXPIRE', stream, ttl_ms)
-  redis.call('PEXPIRE', meta, ttl_ms)
-  redis.call('PEXPIRE', ids, ttl_ms)
+  -- Three PEXPIREs on every append are most of what a small append costs
+  -- beyond its XADD: the TTL is refreshed once a sixteenth of it has passed
+  -- (so a thread expires between 15/16 ttl and ttl after its last append),
+  -- and at once when a key may have been made without one (a new thread, a
+  -- new stream or ids hash, a repair).
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local fresh = not expires or not had_ids or not tip or status ~= ''
+  if fresh or tonumber(expires) - now_ms < ttl_ms - math.floor(ttl_ms / 16) then
+    redis.call('PEXPIRE', stream, ttl_ms)
+    redis.call('PEXPIRE', meta, ttl_ms)
+    redis.call('PEXPIRE', ids, ttl_ms)
+    redis.call('HSET', meta, 'expires', string.format('%d', now_ms + ttl_ms))
+  end
 end
 if added > 0 then
   if carry and not (trimmed_now and cmp(trimmed_now, first_new) >= 0) then
