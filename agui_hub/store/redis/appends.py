@@ -107,7 +107,7 @@ class Appender:
         self.notify_bytes = notify_bytes
         """Appends whose events total at most this many bytes carry them in their
         notification (0: notifications carry only the last offset)."""
-        self._deadlines = Deadlines()
+        self._deadlines = Deadlines(calls.op_timeout, self._not_confirmed)
         """The callers' deadlines (``op_timeout`` after each call)."""
         self._lanes: dict[str, _Lane] = {}
         self._lane_of: dict[str, str] = {}
@@ -148,7 +148,7 @@ class Appender:
         # A cancelled (or timed-out) caller ends only its own future; the
         # commit goes on for the others that share its round trip (and the
         # caller's events may still be appended: retry with the same ids).
-        self._deadlines.add(done, self._calls.op_timeout, self._not_confirmed)
+        self._deadlines.add(done)
         return await done
 
     def _not_confirmed(self) -> StoreUnavailable:

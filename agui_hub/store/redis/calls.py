@@ -12,7 +12,7 @@ does (:func:`bounded`).
 from __future__ import annotations
 
 import asyncio
-import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -152,41 +152,52 @@ class RedisCalls:
 
 
 class Deadlines:
-    """Futures that fail at their deadline, with one timer per :attr:`GRAIN` of
-    deadlines instead of one per future.
+    """Futures that fail *timeout* seconds after they were added, unless done by
+    then, with one timer at a time instead of one per future.
 
     A timer per call (``asyncio.timeout``) costs a heap entry whose ordering
     runs Python code, and the heap holds every call of the last ``op_timeout``
     seconds: at a few thousand appends a second it was about a seventh of a
-    gateway's CPU. Here a call costs a dict lookup and a list append, and its
-    deadline fires up to one grain late. A future done by then is left alone.
+    gateway's CPU. Every future here has the same timeout, so they wait in the
+    order of their deadlines: a call costs a deque append, done futures leave
+    from the front as soon as they are there (memory holds what is in flight,
+    not every call of the last *timeout* seconds), and the one timer is set for
+    the front's deadline, at most :attr:`GRAIN` late.
     """
 
     GRAIN = 0.1
-    """Seconds of deadlines one timer serves."""
+    """Seconds a deadline may fire late (the timer is not set again sooner)."""
 
-    def __init__(self) -> None:
-        self._buckets: dict[int, list[tuple[asyncio.Future[Any], Callable[[], BaseException]]]] = {}
+    def __init__(self, timeout: float, error: Callable[[], BaseException]) -> None:
+        self.timeout = timeout
+        self._error = error
+        self._waiting: deque[tuple[float, asyncio.Future[Any]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(
-        self, future: asyncio.Future[Any], timeout: float, error: Callable[[], BaseException]
-    ) -> None:
-        """Fail *future* with ``error()`` *timeout* seconds from now, unless it is done."""
+    def add(self, future: asyncio.Future[Any]) -> None:
+        """Fail *future* with ``error()`` :attr:`timeout` seconds from now, unless it is done."""
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # the timers of buckets made in another loop are its own
-            self._loop, self._buckets = loop, {}
-        key = math.ceil((loop.time() + timeout) / self.GRAIN)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = []
-            loop.call_at(key * self.GRAIN, self._expire, key)
-        bucket.append((future, error))
+        if loop is not self._loop:  # a timer set in another loop is that loop's
+            self._loop, self._waiting, self._timer = loop, deque(), None
+        waiting = self._waiting
+        while waiting and waiting[0][1].done():
+            waiting.popleft()
+        waiting.append((loop.time() + self.timeout, future))
+        if self._timer is None:
+            self._timer = loop.call_at(waiting[0][0] + self.GRAIN, self._expire)
 
-    def _expire(self, key: int) -> None:
-        for future, error in self._buckets.pop(key, ()):
+    def _expire(self) -> None:
+        self._timer = None
+        loop, waiting = self._loop, self._waiting
+        assert loop is not None
+        now = loop.time()
+        while waiting and (waiting[0][1].done() or waiting[0][0] <= now):
+            _, future = waiting.popleft()
             if not future.done():
-                future.set_exception(error())
+                future.set_exception(self._error())
+        if waiting:
+            self._timer = loop.call_at(max(waiting[0][0], now) + self.GRAIN, self._expire)
 
 
 _abandoned: set[asyncio.Future[Any]] = set()
