@@ -71,7 +71,6 @@ class StateDocuments:
 
     __slots__ = (
         "_activities",
-        "_activity_bytes",
         "_activity_memory",
         "_state",
         "_txn",
@@ -85,7 +84,6 @@ class StateDocuments:
         """Whether the state document is known (see above)."""
         self._state = Document({}, 2)
         self._activities: dict[Any, _Activity] = {}
-        self._activity_bytes = 0
         self._activity_memory = 0
         self._txn: list[UndoLog] | None = None
 
@@ -97,7 +95,8 @@ class StateDocuments:
     @property
     def size(self) -> int:
         """Approximate encoded bytes of the state document and every activity content."""
-        return self._state.size + self._activity_bytes
+        # Read by no hot path (the writer's cache counts memory): summed, not kept.
+        return self._state.size + sum(a.doc.size for a in self._activities.values())
 
     @property
     def memory(self) -> int:
@@ -169,25 +168,20 @@ class StateDocuments:
         self, message_id: Any, activity_type: Any, doc: Document, undo: UndoLog
     ) -> None:
         activities = self._activities
-        undo.attr(self, "_activity_bytes")
         undo.attr(self, "_activity_memory")
         old = activities.get(message_id)
         if old is None:
             undo.added_key(activities, message_id)
         else:
             undo.replaced_key(activities, message_id, old)
-            self._activity_bytes -= old.doc.size
             self._activity_memory -= old.doc.memory
         activities[message_id] = _Activity(activity_type, doc)
-        self._activity_bytes += doc.size
         self._activity_memory += doc.memory
 
     def _drop_activity(self, message_id: Any, undo: UndoLog) -> None:
         old = self._activities.pop(message_id)
-        undo.attr(self, "_activity_bytes")
         undo.attr(self, "_activity_memory")
         undo.removed_key(self._activities, message_id, old)
-        self._activity_bytes -= old.doc.size
         self._activity_memory -= old.doc.memory
 
 
@@ -219,15 +213,13 @@ def _doc_activity_delta(d: StateDocuments, e: WireEvent, undo: UndoLog, work: Wo
     activity = d._activities.get(e["messageId"])
     if activity is None:
         return
-    undo.attr(d, "_activity_bytes")
     undo.attr(d, "_activity_memory")
     undo.attr(activity, "type")
     undo.attr(activity, "doc")
-    size, memory = activity.doc.size, activity.doc.memory
+    memory = activity.doc.memory
     if not activity.doc.root:
         activity.doc = Document({}, 2)  # as ThreadState: a patch of a missing content patches {}
     apply_patch(activity.doc, patch, d.limits, undo, "ACTIVITY_DELTA", "the activity content", work)
-    d._activity_bytes += activity.doc.size - size
     d._activity_memory += activity.doc.memory - memory
     activity.type = activity_type
 
