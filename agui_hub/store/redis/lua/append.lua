@@ -311,9 +311,18 @@ if max_len > 0 then
     redis.call('XTRIM', stream, 'MAXLEN', max_len)
   end
 end
+-- Redis's clock in ms, read once per call (age retention and the TTL both need it).
+local clock_ms
+local function now_ms()
+  if not clock_ms then
+    local now = redis.call('TIME')
+    clock_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  end
+  return clock_ms
+end
+
 if max_age_ms > 0 then
-  local now = redis.call('TIME')
-  local cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - max_age_ms
+  local cutoff = now_ms() - max_age_ms
   local bound = '(' .. string.format('%d', cutoff) .. '-0'
   local old = redis.call('XRANGE', stream, '-', bound, 'COUNT', 1000)
   if #old > 0 then
@@ -374,14 +383,12 @@ if ttl_ms > 0 then
   -- (so a thread expires between 15/16 ttl and ttl after its last append),
   -- and at once when a key may have been made without one (a new thread, a
   -- new stream or ids hash, a repair).
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local fresh = not expires or not had_ids or not tip or status ~= ''
-  if fresh or tonumber(expires) - now_ms < ttl_ms - math.floor(ttl_ms / 16) then
+  if fresh or tonumber(expires) - now_ms() < ttl_ms - math.floor(ttl_ms / 16) then
     redis.call('PEXPIRE', stream, ttl_ms)
     redis.call('PEXPIRE', meta, ttl_ms)
     redis.call('PEXPIRE', ids, ttl_ms)
-    redis.call('HSET', meta, 'expires', string.format('%d', now_ms + ttl_ms))
+    redis.call('HSET', meta, 'expires', string.format('%d', now_ms() + ttl_ms))
   end
 end
 if added > 0 then
