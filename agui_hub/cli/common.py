@@ -44,6 +44,13 @@ class UsageError(Exception):
     """A command line that cannot work; reported with exit status 2."""
 
 
+def add_transcript_options(parser: argparse.ArgumentParser) -> None:
+    """--color and --raw, for the commands that print a TranscriptView."""
+    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    # TranscriptView's RAW_MODES (not imported: the CLI starts without the client's modules).
+    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short", help=RAW_HELP)
+
+
 def client_token(args: argparse.Namespace) -> str | None:
     """The token of a client command (``--token``, or ``$AGUI_HUB_TOKEN``), if any."""
     token: str | None = getattr(args, "token", None) or os.environ.get("AGUI_HUB_TOKEN")

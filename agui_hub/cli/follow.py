@@ -22,12 +22,12 @@ from ..wire.offsets import START, offset_key
 from ..wire.protocol import Position
 from .common import (
     GATEWAY_URL_HELP,
-    RAW_HELP,
     TOKEN_HELP,
     URL_HELP,
     Output,
     Subcommands,
     UsageError,
+    add_transcript_options,
     client_token,
     hub_url,
     thread_name,
@@ -70,9 +70,7 @@ def add_tail_parser(commands: Subcommands) -> None:
                         "the start or later (default: never: tail waits and reconnects for "
                         "ever); while it cannot be reached tail says so at once, then every "
                         "10 s")  # fmt: skip
-    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
-    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short",
-                        help=RAW_HELP)  # fmt: skip
+    add_transcript_options(parser)
 
 
 class OffsetFile:
@@ -265,9 +263,7 @@ def add_replay_parser(commands: Subcommands) -> None:
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="wait up to SECONDS for an unreachable hub (default 0: fail at "
                         "once)")  # fmt: skip
-    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
-    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short",
-                        help=RAW_HELP)  # fmt: skip
+    add_transcript_options(parser)
 
 
 def replay_event_id(thread: str, offset: str, index: int | None = None) -> str:

@@ -14,10 +14,10 @@ from typing import Any
 
 from .common import (
     GATEWAY_URL_HELP,
-    RAW_HELP,
     TOKEN_HELP,
     Output,
     Subcommands,
+    add_transcript_options,
     client_token,
     hub_url,
     thread_name,
@@ -49,9 +49,7 @@ def add_run_parser(commands: Subcommands) -> None:
     parser.add_argument("--token", help=TOKEN_HELP)
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
-    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
-    parser.add_argument("--raw", choices=["short", "hide", "full"], default="short",
-                        help=RAW_HELP)  # fmt: skip
+    add_transcript_options(parser)
 
 
 async def run_command(args: argparse.Namespace) -> int:
