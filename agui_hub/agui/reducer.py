@@ -97,6 +97,7 @@ from .patch import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "IGNORED_TYPES",
     "MALFORMED_EVENT_ERRORS",
     "RunRecord",
     "RunStatus",
@@ -838,3 +839,7 @@ _HANDLERS: dict[str, Callable[[ThreadState, WireEvent], None]] = {
     EventType.SUBAGENT_FINISHED: on_subagent_ended,
     EventType.SUBAGENT_ERROR: on_subagent_ended,
 }
+
+IGNORED_TYPES = frozenset(kind for kind, handler in _HANDLERS.items() if handler is _ignore)
+"""Event types the fold leaves the state unchanged for (RAW, CUSTOM): their
+values never reach a snapshot."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...agui.events import EventType, check_json_value
-from ...agui.reducer import ThreadState
+from ...agui.events import check_json_value
+from ...agui.reducer import IGNORED_TYPES, ThreadState
 from ...errors import PatchError
 from ...store.contract import Entry
 from ...wire.codec import Encoding, unpack_stored
@@ -23,11 +23,6 @@ from ...wire.protocol import event_frame
 __all__ = ["LOGGED_SKIPS", "EntryReader"]
 
 log = logging.getLogger("agui_hub.hub")
-
-_NOT_FOLDED = frozenset({EventType.RAW, EventType.CUSTOM})
-"""Event types the fold ignores: their values never reach a snapshot, so
-they are not walked to check them (a JSON member's frame is checked as it is
-encoded)."""
 
 LOGGED_SKIPS = 5
 """Entries per channel whose skip is logged as a warning (later ones at debug level)."""
@@ -83,7 +78,9 @@ class EntryReader:
             if event is None:
                 return False
         try:
-            if event.get("type") not in _NOT_FOLDED:
+            # The values of events the fold ignores never reach a snapshot: not
+            # walked (a JSON member's frame is checked as it is encoded).
+            if event.get("type") not in IGNORED_TYPES:
                 for value in event.values():
                     if type(value) in (dict, list, bytes, float):
                         # Binary values (a plain-XADD producer's msgpack) would
