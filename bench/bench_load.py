@@ -57,7 +57,11 @@ refused subscribe, a timeout) is reported as FAILED and the run goes on.
    connections (each at most ``--window`` unanswered), against the bare server
    told by the same commands. Goal: hub / bare >= 0.8. A second row publishes
    with ``RedisStore.append`` against the bare server's pre-encoded broadcast
-   (bench_gateway's many-threads case).
+   (bench_gateway's many-threads case). The seconds to connect and subscribe
+   every viewer are reported per system. Then, paced: ``--threads-rates``
+   events/s (default 1,000) offered round robin over the same threads by one
+   agent for ``--paced-seconds``, reported as case 3 (p50 / p99 publish ->
+   delivery, sustained, CPU per delivery).
 6. resume storm: ``--resume`` cells of threads x viewers; every viewer had
    seen its thread up to an offset X (after ``--history`` events) and is
    ``--behind`` events behind. All reconnect at once
@@ -70,7 +74,7 @@ refused subscribe, a timeout) is reported as FAILED and the run goes on.
    each connection that subscribes from a position.
 7. ``--peers python,node`` (``npm ci`` in bench/peers, run here when
    node_modules is missing or with ``--npm-ci``; skipped with a message
-   without node and npm) adds two peers to cases 3 and 4: ``node-ws``, the
+   without node and npm) adds two peers to cases 3, 4 and 5: ``node-ws``, the
    bare server again on Node's ``ws`` package, and ``socketio``, a Socket.IO 4
    server with ``@socket.io/redis-streams-adapter`` on the benchmark's Redis
    (every room emit is an XADD to the adapter's stream, then the local
@@ -470,22 +474,28 @@ class Load:
 
     # 3. paced ---------------------------------------------------------------------------
 
-    async def paced(self, system: System, viewers: int, rate: float) -> Sample:
-        """Deliveries offered at *rate* per second to *viewers* subscribers of one thread."""
+    async def paced(self, system: System, viewers: int, rate: float, threads: int = 1) -> Sample:
+        """Deliveries offered at *rate* per second to *viewers* subscribers of each of
+        *threads* threads, the events round robin over the threads."""
         args = self.args
         per_second = rate / viewers
-        count = max(1, min(args.paced_max_events, round(per_second * args.paced_seconds)))
+        per_thread = max(
+            1, min(args.paced_max_events, round(per_second * args.paced_seconds)) // threads
+        )
+        count = per_thread * threads
         duration = count / per_second
-        thread = self.name(f"paced-{system.name}-")
+        names = bg.thread_names(self.name(f"paced-{system.name}-"), threads)
         [agent] = await system.agents(1)
         clients: list[Client] = []
         at_deadline: asyncio.Task[tuple[int, float]] | None = None
         try:
-            await self.open_threads(system, agent, [thread])
-            clients = await bg.connect(system.port, viewers, args.encoding, system.viewer)
-            await bg.subscribe([(c, thread) for c in clients])
+            await self.open_threads(system, agent, names)
+            t_join = time.perf_counter()
+            clients = await bg.connect(system.port, viewers * threads, args.encoding, system.viewer)
+            await bg.subscribe([(c, names[i % threads]) for i, c in enumerate(clients)])
+            join_seconds = time.perf_counter() - t_join
             for c in clients:
-                c.arm(count, latencies=True)
+                c.arm(per_thread, latencies=True)
             agent.errors.clear()
             await settle([system.pid, self.redis_pid])
             meter = self.meter(system)
@@ -498,14 +508,14 @@ class Load:
                 """What had arrived by the deadline, and when the last of it did: the
                 publisher may still be sending then."""
                 await asyncio.sleep(deadline - time.perf_counter())
-                arrived = sum(min(c.count, count) for c in clients)
+                arrived = sum(min(c.count, per_thread) for c in clients)
                 return arrived, max((c.last_at for c in clients), default=deadline)
 
             at_deadline = asyncio.create_task(count_at_deadline())
             behind_ns = 0
             sent = 0
             ident = 0
-            cmd: dict[str, Any] = {"type": "publish", "thread": thread, **system.publish_extra}
+            cmd: dict[str, Any] = {"type": "publish", **system.publish_extra}
             try:
                 async with asyncio.timeout(duration + args.timeout):
                     while sent < count:
@@ -520,7 +530,9 @@ class Load:
                             # unanswered commands must not hide that wait.
                             stamp = now if now - scheduled <= TICK_NS else scheduled
                             ident += 1
+                            thread = names[sent % threads]
                             cmd["id"] = ident
+                            cmd["thread"] = thread
                             cmd["events"] = [
                                 {
                                     "type": "TEXT_MESSAGE_CONTENT",
@@ -546,7 +558,7 @@ class Load:
             if not at_deadline.done():
                 at_deadline.cancel()  # everything arrived in time
                 in_time = count * viewers
-                last = max(c.done_at for c in clients)
+                last = max(c.done_at or t0 for c in clients)
             else:
                 in_time, last = at_deadline.result()
             # Late is not lost: what is still on its way has --drain seconds more.
@@ -556,7 +568,7 @@ class Load:
                     await agent.room(1)
             cpu = meter.stop()
             expected = count * viewers
-            delivered = sum(min(c.count, count) for c in clients)
+            delivered = sum(min(c.count, per_thread) for c in clients)
             lat = sorted(x for c in clients for x in c.latencies or ())
             ms = [x / 1e6 for x in lat]
             extra = {
@@ -567,7 +579,9 @@ class Load:
                 "in_time": in_time,
                 "sustained": in_time >= 0.95 * expected,
                 "lost": expected - delivered,
-                "duplicates": sum(max(0, c.count - count) for c in clients),
+                "duplicates": sum(max(0, c.count - per_thread) for c in clients),
+                "threads": threads,
+                "join_seconds": join_seconds,
                 "p50_ms": percentile(ms, 0.5),
                 "p90_ms": percentile(ms, 0.9),
                 "p99_ms": percentile(ms, 0.99),
@@ -580,10 +594,13 @@ class Load:
                 "closed": dict(Counter(c.close_code for c in clients if c.close_code is not None)),
             }
             seconds = max(duration, last - t0)
+            case, cell = "paced", paced_cell(viewers, rate)
+            if threads > 1:
+                case, cell = "threads-paced", f"{threads}x{viewers} @{per_second:,.0f} ev/s"
             return self.keep(
                 Sample(
-                    "paced",
-                    paced_cell(viewers, rate),
+                    case,
+                    cell,
                     system.name,
                     0,
                     expected,
@@ -645,8 +662,12 @@ class Load:
                     for i, agent in enumerate(agents)
                 )
             )
-            clients = await bg.connect(system.port, args.threads * args.viewers, args.encoding)
+            t_join = time.perf_counter()
+            clients = await bg.connect(
+                system.port, args.threads * args.viewers, args.encoding, system.viewer
+            )
             await bg.subscribe([(c, names[i % args.threads]) for i, c in enumerate(clients)])
+            join_seconds = time.perf_counter() - t_join
             # One ordered list of commands per agent: agent i owns threads i, i + agents, ...
             plan: list[list[bytes]] = [[] for _ in agents]
             for k, event in enumerate(text_events(events)):
@@ -690,6 +711,7 @@ class Load:
                 "errors": dict(errors),
                 "first_error": next((a.first_error for a in agents if a.first_error), None),
                 "publish_seconds": max(publish) if len(publish) == len(agents) else None,
+                "join_seconds": join_seconds,
             }
             cell = f"{args.threads}x{args.viewers} publish"
             return self.keep(
@@ -970,13 +992,18 @@ def report_publish(samples: list[Sample], case: str, title: str, goal: str) -> N
     print()
 
 
-def report_paced(samples: list[Sample], seconds: float) -> None:
-    cells = group(samples, "paced")
+def report_paced(
+    samples: list[Sample], seconds: float, case: str = "paced", title: str = ""
+) -> None:
+    cells = group(samples, case)
     if not cells:
         return
-    print(
+    title = title or (
         f"3. Paced: offered deliveries/s to N subscribers of one thread for {seconds:g} s, "
-        f"one event per publish command\n   (medians; sustained: runs with >= 95% delivered "
+        f"one event per publish command"
+    )
+    print(
+        f"{title}\n   (medians; sustained: runs with >= 95% delivered "
         f"within the run + 1 s; latency: publish -> delivery, every delivery)"
     )
     print(
@@ -1024,6 +1051,24 @@ def report_fanout(samples: list[Sample], case: str, title: str, goal: str = "") 
         print(f"  {cell:>15} {count:>10}{rates}{rel} {per:>14.2f} {other:>6.0f}  {problems(every)}")
     if goal:
         print(f"  {goal}")
+    print()
+
+
+def report_join(samples: list[Sample], case: str, connections: int) -> None:
+    """Seconds to connect and subscribe the viewers of *case*, per system (medians)."""
+    cells = group(samples, case)
+    timed: dict[str, list[float]] = {}
+    for systems in cells.values():
+        for name, runs in systems.items():
+            for s in runs:
+                if not s.error and "join_seconds" in s.extra:
+                    timed.setdefault(name, []).append(s.extra["join_seconds"])
+    if not timed:
+        return
+    hub = med(timed["hub"]) if "hub" in timed else float("nan")
+    print(f"  {connections:,} viewers connected and subscribed (s, median; hub / system):")
+    for name, values in timed.items():
+        print(f"  {name:>15} {med(values):>8.2f} {hub / med(values):>8.2f}")
     print()
 
 
@@ -1186,6 +1231,9 @@ async def bench(args: argparse.Namespace, redis_pid: int, store_url: str) -> Loa
             children += [s.child for s in node]
             peers += node
         systems = [hub, *peers]
+        if args.systems:
+            wanted = set(args.systems.split(","))
+            systems = [s for s in systems if s.name in wanted]
         print(
             f"gateway pid {gateway.pid} port {gateway.port}; "
             + "; ".join(f"{s.name} pid {s.pid} port {s.port}" for s in peers)
@@ -1276,14 +1324,25 @@ async def bench(args: argparse.Namespace, redis_pid: int, store_url: str) -> Loa
             )
 
         if "threads" in only:
+            cell = f"{args.threads}x{args.viewers}"
             for run in range(args.runs):
-                for system in alternate([hub, bare], run):
-                    cell = f"{args.threads}x{args.viewers}"
+                for system in alternate(systems, run):
+                    if not args.threads_burst:
+                        break
                     make = functools.partial(load.many_threads, system)
                     await attempt(make, "threads", f"{cell} publish", system.name, run)
-                    if not args.no_append_row:
+                    if not args.no_append_row and system in (hub, bare):
                         make = functools.partial(load.many_threads_store, system)
                         await attempt(make, "threads", f"{cell} append", system.name, run)
+            rates = [float(x) for x in args.threads_rates.split(",") if x]
+            for rate in rates:
+                for run in range(args.runs):
+                    for system in alternate(systems, run):
+                        make = functools.partial(
+                            load.paced, system, args.viewers, rate * args.viewers, args.threads
+                        )
+                        cell = f"{args.threads}x{args.viewers} @{rate:,.0f} ev/s"
+                        await attempt(make, "threads-paced", cell, system.name, run)
             print()
             report_fanout(
                 load.samples,
@@ -1293,6 +1352,15 @@ async def bench(args: argparse.Namespace, redis_pid: int, store_url: str) -> Loa
                 f"({args.agents} agents, {args.window} unanswered each; the append row: "
                 f"RedisStore.append)",
                 "goal (publish row): hub / bare >= 0.8",
+            )
+            report_join(load.samples, "threads", args.threads * args.viewers)
+            report_paced(
+                load.samples,
+                args.paced_seconds,
+                "threads-paced",
+                f"5b. Many threads, paced: {args.threads} threads x {args.viewers} viewers, "
+                f"events/s offered round robin over the threads for {args.paced_seconds:g} s, "
+                f"one event per publish command, one agent",
             )
 
         if "resume" in only:
@@ -1392,6 +1460,18 @@ def main() -> None:
     add("--viewers", type=int, default=3)
     add("--thread-events", type=int, default=20)
     add("--agents", type=int, default=4)
+    add(
+        "--threads-rates",
+        default="1000",
+        help="case 5 paced: events/s round robin over the threads (comma-separated; empty: none)",
+    )
+    add("--systems", default="", help="only these systems (hub,bare,node-ws,socketio)")
+    add(
+        "--no-threads-burst",
+        dest="threads_burst",
+        action="store_false",
+        help="case 5 without its burst rows (only the paced ones)",
+    )
     add("--no-append-row", action="store_true", help="case 5 without the RedisStore.append row")
     add("--resume", default="1x1000,100x10", help="threads x viewers per thread")
     add("--behind", type=int, default=500, help="events each resuming viewer missed")
