@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
+import os
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,12 @@ from .scripts import Script
 
 __all__ = ["IDS_REBUILD_LIMIT", "NOTIFY_BYTES", "Appender"]
 
+
+_epochs = random.Random(os.urandom(16))
+"""Epoch candidates, one per script call: unique, not secret (clients see
+epochs), so a seeded generator instead of a system call per append. Reseeded
+in a forked child, which would otherwise repeat its parent's candidates."""
+os.register_at_fork(after_in_child=lambda: _epochs.seed(os.urandom(16)))
 log = logging.getLogger("agui_hub.redis_store")
 
 NOTIFY_BYTES = 64 * 1024
@@ -280,7 +287,7 @@ class Appender:
         r = self.retention
         expect = members[0].expect
         args: list[Any] = [
-            secrets.token_hex(8),
+            f"{_epochs.getrandbits(64):016x}",
             r.max_len,
             int(r.max_age * 1000),
             int(r.ttl * 1000),
