@@ -1310,6 +1310,21 @@ async def test_idle_connection_is_closed_with_4001(mem: Harness) -> None:
     await busy.ping()  # a subscribed connection is not idle
 
 
+async def test_a_connection_that_sends_is_not_idle_and_one_that_stops_is(mem: Harness) -> None:
+    gateway = await mem.gateway(idle_timeout=0.4)
+    talker = await mem.client(gateway)
+    for _ in range(8):  # 1.2 s of pings, each well within the timeout
+        await asyncio.sleep(0.15)
+        await talker.ping()
+    # Subscribed, then no longer: idle from then on, closed within two timeouts.
+    await talker.subscribe("briefly")
+    await asyncio.sleep(0.6)
+    await talker.ping()
+    reply = await talker.request({"type": "unsubscribe", "id": 9, "thread": "briefly"})
+    assert reply["type"] == "unsubscribed"
+    assert await talker.closed_code(2.0) == 4001
+
+
 # -- thread re-created ----------------------------------------------------------------------
 
 
