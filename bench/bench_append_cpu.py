@@ -21,7 +21,8 @@ calls in flight), three ways, on fresh keys each time:
 
 Reports redis-server's own CPU (``INFO cpu``, user + system, read before and
 after) per event, medians of ``--runs``, and the ratios store / minimal and
-store / raw. ``--commandstats`` also prints where the store's time went
+store / raw; and the calls per second this one process made (the store's
+Python side against redis-py pipelining the raw commands). ``--commandstats`` also prints where the store's time went
 inside Redis (``INFO commandstats`` of the store's runs: the calls its
 script makes, with their microseconds). Not part of the test suite; bounded
 (``--threads`` x ``--events`` events per measurement).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import time
 import uuid
 from typing import Any
 
@@ -64,12 +66,15 @@ async def redis_cpu(admin: aioredis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-async def in_flight(calls: list[Any]) -> None:
+async def in_flight(calls: list[Any]) -> float:
+    """Run *calls*, PIPELINE at a time: the seconds they took."""
+    t0 = time.perf_counter()
     for i in range(0, len(calls), PIPELINE):
         await asyncio.gather(*(call() for call in calls[i : i + PIPELINE]))
+    return time.perf_counter() - t0
 
 
-async def run_store(url: str, threads: list[str], events: int, batch: int, ttl: float) -> None:
+async def run_store(url: str, threads: list[str], events: int, batch: int, ttl: float) -> float:
     store = RedisStore(url, prefix=f"b{uuid.uuid4().hex[:6]}", retention=Retention(ttl=ttl))
     try:
         calls = []
@@ -80,12 +85,12 @@ async def run_store(url: str, threads: list[str], events: int, batch: int, ttl: 
                     for i in range(start, min(events, start + batch))
                 ]
                 calls.append(lambda t=thread, it=items: store.append(t, it))
-        await in_flight(calls)
+        return await in_flight(calls)
     finally:
         await store.close()
 
 
-async def run_minimal(client: aioredis.Redis, threads: list[str], events: int, batch: int) -> None:
+async def run_minimal(client: aioredis.Redis, threads: list[str], events: int, batch: int) -> float:
     sha = await client.script_load(MINIMAL)
     prefix = f"m{uuid.uuid4().hex[:6]}"
     calls = []
@@ -103,10 +108,10 @@ async def run_minimal(client: aioredis.Redis, threads: list[str], events: int, b
                 await pipe.execute()
 
             calls.append(call)
-    await in_flight(calls)
+    return await in_flight(calls)
 
 
-async def run_raw(client: aioredis.Redis, threads: list[str], events: int, batch: int) -> None:
+async def run_raw(client: aioredis.Redis, threads: list[str], events: int, batch: int) -> float:
     prefix = f"r{uuid.uuid4().hex[:6]}"
     calls = []
     for start in range(0, events, batch):
@@ -121,7 +126,7 @@ async def run_raw(client: aioredis.Redis, threads: list[str], events: int, batch
                 await pipe.execute()
 
             calls.append(call)
-    await in_flight(calls)
+    return await in_flight(calls)
 
 
 async def main() -> None:
@@ -137,10 +142,14 @@ async def main() -> None:
     admin = aioredis.from_url(url)
     try:
         print(f"{args.threads} threads x {args.events} events, {PIPELINE} calls in flight")
-        print("| events per call | store | minimal | raw | store / minimal | store / raw |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print(
+            "| events per call | store | minimal | raw | store / minimal | store / raw "
+            "| store calls/s | raw calls/s | store / raw (calls/s) |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for batch in [int(b) for b in args.batches.split(",")]:
             per_event: dict[str, list[float]] = {"store": [], "minimal": [], "raw": []}
+            rates: dict[str, list[float]] = {"store": [], "minimal": [], "raw": []}
             stats: dict[str, float] = {}
             for _ in range(args.runs):
                 for kind in ("store", "minimal", "raw"):
@@ -148,21 +157,25 @@ async def main() -> None:
                     await admin.config_resetstat()
                     before = await redis_cpu(admin)
                     if kind == "store":
-                        await run_store(url, threads, args.events, batch, args.ttl)
+                        seconds = await run_store(url, threads, args.events, batch, args.ttl)
                     elif kind == "minimal":
-                        await run_minimal(admin, threads, args.events, batch)
+                        seconds = await run_minimal(admin, threads, args.events, batch)
                     else:
-                        await run_raw(admin, threads, args.events, batch)
+                        seconds = await run_raw(admin, threads, args.events, batch)
                     used = await redis_cpu(admin) - before
+                    calls = args.threads * -(-args.events // batch)
+                    rates[kind].append(calls / seconds)
                     per_event[kind].append(used / (args.threads * args.events) * 1e6)
                     if kind == "store" and args.commandstats:
                         for name, row in (await admin.info("commandstats")).items():
                             stats[name] = stats.get(name, 0.0) + row["usec"]
             med = {k: statistics.median(v) for k, v in per_event.items()}
+            rate = {k: statistics.median(v) for k, v in rates.items()}
             print(
                 f"| {batch} | {med['store']:.1f} us | {med['minimal']:.1f} us | "
                 f"{med['raw']:.1f} us | {med['store'] / med['minimal']:.2f} | "
-                f"{med['store'] / med['raw']:.2f} |"
+                f"{med['store'] / med['raw']:.2f} | {rate['store']:,.0f} | {rate['raw']:,.0f} | "
+                f"{rate['store'] / rate['raw']:.2f} |"
             )
             if args.commandstats:
                 events = args.threads * args.events * args.runs
