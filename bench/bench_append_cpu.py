@@ -22,10 +22,11 @@ calls in flight), three ways, on fresh keys each time:
 Reports redis-server's own CPU (``INFO cpu``, user + system, read before and
 after) per event, medians of ``--runs``, and the ratios store / minimal and
 store / raw; and the calls per second this one process made (the store's
-Python side against redis-py pipelining the raw commands). ``--commandstats`` also prints where the store's time went
-inside Redis (``INFO commandstats`` of the store's runs: the calls its
-script makes, with their microseconds). Not part of the test suite; bounded
-(``--threads`` x ``--events`` events per measurement).
+Python side against redis-py pipelining the raw commands). ``--commandstats``
+also prints where the store's time went inside Redis (``INFO commandstats``
+of the store's runs: the calls its script makes, with their microseconds).
+Not part of the test suite; bounded (``--threads`` x ``--events`` events per
+measurement).
 """
 
 from __future__ import annotations
