@@ -47,6 +47,8 @@ _PUBLIC = {
     "START": "agui_hub.store",
     "open_store": "agui_hub.store",
     "AguiHubError": "agui_hub.errors",
+    "RunInfo": "agui_hub.agui.runs",
+    "RunTree": "agui_hub.agui.runs",
 }
 
 __all__ = [
@@ -57,6 +59,8 @@ __all__ = [
     "Position",
     "Publisher",
     "Retention",
+    "RunInfo",
+    "RunTree",
     "Snapshot",
     "Subscribed",
     "ThreadEvent",
@@ -65,6 +69,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .agui.runs import RunInfo, RunTree
     from .client import HubClient, Position, Publisher, Snapshot, Subscribed, ThreadEvent
     from .errors import AguiHubError
     from .store import START, EventInput, Retention, open_store

@@ -275,6 +275,34 @@ async def test_receives_what_the_python_client_receives(
     assert [s["state"] for s in result["statuses"]] == ["connecting", "open", "closed"]
 
 
+async def test_runs_lists_what_the_python_client_lists(gateways: Gateways) -> None:
+    gateway = gateways.start(None)
+    thread = thread_name()
+    events = []
+    for run, parent in (("r1", None), ("r2", None), ("r3", "r1")):
+        started = {"type": "RUN_STARTED", "threadId": thread, "runId": run}
+        if parent is not None:
+            started["parentRunId"] = parent
+        events += [started, {"type": "RUN_FINISHED", "threadId": thread, "runId": run}]
+    async with HubClient(gateway.url) as hub:
+        await hub.publish(thread, events)
+        tree = await hub.runs(thread)
+        newest = await hub.runs(thread, limit=1)
+    assert [(r.run_id, r.parent_run_id) for r in tree.runs] == [
+        ("r1", None),
+        ("r2", "r1"),
+        ("r3", "r1"),
+    ]
+    assert [r.run_id for r in tree.children("r1")] == ["r2", "r3"]
+    assert [r.run_id for r in newest.runs] == ["r3"] and newest.more and not tree.more
+    async with NodeRun("runs", "--url", gateway.url, "--thread", thread) as js:
+        listed = await js.result()
+    assert listed == {"runs": [r.as_json() for r in tree.runs], "more": False}
+    async with NodeRun("runs", "--url", gateway.url, "--thread", thread, "--limit", "0") as js:
+        refused = await js.result()
+    assert refused["error"]["code"] == "bad_command", refused
+
+
 # -- live: a cut connection ------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from .common import run_to_exit_status
 from .follow import replay_command, tail_command
 from .parser import build_parser
 from .publish import demo_command, publish_command
-from .runs import cancel_command, run_command
+from .runs import cancel_command, run_command, runs_command
 from .serve import serve_command, token_command
 from .threads import delete_command, info_command, threads_command
 
@@ -37,6 +37,7 @@ ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "demo": demo_command,
     "run": run_command,
     "cancel": cancel_command,
+    "runs": runs_command,
     "threads": threads_command,
     "info": info_command,
     "delete": delete_command,

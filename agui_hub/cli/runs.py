@@ -1,12 +1,14 @@
 """``agui-hub run`` and ``agui-hub cancel``: runs of upstream AG-UI agents that a
 gateway makes in a thread (docs/bridge.md). The run belongs to the gateway; these
-commands ask for it, follow it, or end it.
+commands ask for it, follow it, or end it. ``agui-hub runs``: the tree of a
+thread's runs, from a gateway or straight from a Redis store.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shlex
 import sys
 import uuid
@@ -136,4 +138,64 @@ async def cancel_command(args: argparse.Namespace) -> int:
     agent = f" of {reply['agent']}" if reply.get("agent") else ""
     print(f"agui-hub cancel: run {reply.get('runId')}{agent} in thread {thread!r} "
           f"{'ended' if args.abandoned else 'cancelled'}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def add_runs_parser(commands: Subcommands) -> None:
+    parser = commands.add_parser(
+        "runs",
+        help="the runs of a thread, as a tree",
+        description="Print the runs of THREAD as a tree: each run under the run it "
+        "continues (its parentRunId, or the run before it), with its status and the start "
+        "of its last user message. Asks a gateway (--url), or reads a Redis store (--store).",
+    )
+    parser.add_argument("thread")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per run, in the order they started")  # fmt: skip
+    parser.add_argument("--limit", type=int, default=1000,
+                        help="the newest N runs (default 1000, at most 4096)")  # fmt: skip
+    parser.add_argument("--url", help=GATEWAY_URL_HELP)
+    parser.add_argument("--store", help="read a Redis store instead of asking a gateway "
+                        "(redis://HOST:PORT/DB, as for agui-hub serve)")  # fmt: skip
+    parser.add_argument("--token", help=TOKEN_HELP)
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help=WAIT_HELP % f"{DEFAULT_TIMEOUT:g}")  # fmt: skip
+
+
+async def runs_command(args: argparse.Namespace) -> int:
+    from ..agui.runs import RunTree
+    from ..wire.protocol import MAX_RUNS_LISTED
+    from .common import UsageError
+    from .shared_store import open_shared_store, store_url
+
+    thread = thread_name(args.thread)
+    if not 0 < args.limit <= MAX_RUNS_LISTED:
+        raise UsageError(f"--limit must be from 1 to {MAX_RUNS_LISTED}")
+    if args.store is None:
+        url = hub_url(args, gateway_only=True)
+        retry = Retry("runs", url, timeout_of(args, DEFAULT_TIMEOUT))
+        client = await connect_client(url, retry, client_token(args))
+        try:
+            tree = await client.runs(thread, limit=args.limit)
+        finally:
+            await client.close()
+    else:
+        store = open_shared_store(store_url(args, "runs"))
+        try:
+            runs = await store.runs(thread)
+        finally:
+            await store.close()
+        tree = RunTree(runs[-args.limit :], more=len(runs) > args.limit)
+    out = Output(sys.stdout)
+    if args.json:
+        for run in tree.runs:
+            out.write(json.dumps(run.as_json(), ensure_ascii=False) + "\n")
+    else:
+        for line in tree.render():
+            out.write(line + "\n")
+    if not tree.runs:
+        print(f"agui-hub runs: thread {thread!r} has no runs", file=sys.stderr)
+    elif tree.more:
+        print(f"agui-hub runs: the newest {args.limit} runs; older ones left out (--limit)",
+              file=sys.stderr)  # fmt: skip
     return 0

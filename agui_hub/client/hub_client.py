@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..agui.events import validate_batch
+from ..agui.runs import RunInfo, RunTree
 from ..errors import ClientError
 from ..wire.codec import Encoding
 from ..wire.offsets import Offset, check_thread
@@ -415,6 +416,26 @@ class HubClient:
             timeout if timeout is not None else max(self.open_timeout, 30.0)
         )
         return await self._link.request(command, deadline)
+
+    async def runs(
+        self, thread: str, *, limit: int = 1000, timeout: float | None = None
+    ) -> RunTree:
+        """The runs of *thread* as a tree (its newest *limit* runs; the tree's
+        ``more`` says whether older ones were left out): each run's id, the run
+        it continues, status, first and last offsets and input preview
+        (docs/protocol.md, ``runs``). Raises
+        :class:`~agui_hub.errors.CommandRejected` ``forbidden`` without the
+        read grant."""
+        check_thread(thread)
+        command: dict[str, Any] = {"type": "runs", "thread": thread, "limit": limit}
+        deadline = asyncio.get_running_loop().time() + (
+            timeout if timeout is not None else self.open_timeout
+        )
+        reply = await self._link.request(command, deadline)
+        return RunTree(
+            (RunInfo.from_json(run) for run in reply.get("runs", [])),
+            more=bool(reply.get("more")),
+        )
 
     def new_event_ids(self, count: int) -> list[str]:
         """Fresh event ids, unique to this client: ``<random prefix>-<counter>``."""

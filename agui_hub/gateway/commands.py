@@ -34,6 +34,7 @@ from ..wire.protocol import (
     CloseCode,
     Command,
     CommandError,
+    ListRuns,
     Ping,
     Position,
     Publish,
@@ -47,6 +48,7 @@ from ..wire.protocol import (
     pong_frame,
     published_frame,
     running_frame,
+    runs_frame,
     unsubscribed_frame,
 )
 from .auth import Action, Authenticator, Credentials, Identity, TokenSource, scoped_event_id
@@ -646,6 +648,20 @@ class CommandHandler:
                 if after is not None and not after.done():
                     await asyncio.wait([after])
                 session.reply(published_frame(command.id, thread, offsets))
+            elif isinstance(command, ListRuns):
+                thread = command.thread
+                if not self._allowed(Action.SUBSCRIBE, thread):
+                    raise Forbidden(f"this connection may not read thread {thread!r}")
+                runs = await host.hub.store.runs(thread)
+                listed = runs[-command.limit :]
+                session.reply(
+                    runs_frame(
+                        command.id,
+                        thread,
+                        [r.as_json() for r in listed],
+                        len(listed) < len(runs),
+                    )
+                )
             elif isinstance(command, Run):
                 thread = command.thread
                 run = await host.runs.start(session.identity, command)

@@ -259,7 +259,12 @@ class HttpRoutes:
                 raise _Refusal(
                     http.HTTPStatus.NOT_FOUND, "not_found", f"no thread {thread!r} in the store"
                 )
-            return _json_response(http.HTTPStatus.OK, self._thread_record(info))
+            record = self._thread_record(info)
+            if "runs" in parse_qs(urlsplit(request.path).query, keep_blank_values=True):
+                # The index of runs, in the order they started (docs/metrics.md).
+                runs = await self.gateway.hub.store.runs(thread)
+                record["runs"] = [run.as_json() for run in runs]
+            return _json_response(http.HTTPStatus.OK, record)
         except StoreError as exc:
             # The store's messages name it by its redacted URL: no password here.
             raise _Refusal(

@@ -40,6 +40,7 @@ from ..store.contract import (
     FeedSubscription,
     Offset,
     Retention,
+    RunInfo,
     ThreadInfo,
     ThreadStore,
 )
@@ -222,6 +223,9 @@ class TimedStore:
 
     async def get_checkpoint(self, thread: str) -> Checkpoint | None:
         return await self._timed("get_checkpoint", self.inner.get_checkpoint(thread))
+
+    async def runs(self, thread: str) -> list[RunInfo]:
+        return await self._timed("runs", self.inner.runs(thread))
 
     async def ping(self) -> None:
         await self._timed("ping", self.inner.ping())

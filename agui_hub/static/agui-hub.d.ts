@@ -161,6 +161,20 @@ export declare function backoffDelay(attempt: number, min: number, max: number):
  * verifies); null when it is not a JWT with a numeric exp. */
 export declare function tokenExpiry(token: string): number | null;
 /** Throws HubError when *thread* is not a valid thread name (docs/protocol.md). */
+/** One run of a thread, as the `runs` command lists it. */
+export interface RunInfo {
+    runId: string;
+    /** The run it continues (null: the first of its tree). */
+    parentRunId: string | null;
+    status: "running" | "finished" | "error" | "cancelled";
+    /** Offset of its RUN_STARTED. */
+    first: string;
+    /** Offset of its RUN_FINISHED / RUN_ERROR; while it runs, the thread's newest (when it
+     * is the thread's current run), else null. */
+    last: string | null;
+    /** The start of the last user message of its input ("" without one). */
+    preview: string;
+}
 export declare function checkThread(thread: string): string;
 /**
  * The items of one thread, in order: iterate it (`for await`), or give listeners
@@ -217,6 +231,18 @@ export declare class HubClient {
     ping(options?: {
         timeout?: number;
     }): Promise<number>;
+    /** The runs of *thread* in the order they started: its newest *limit* (default 1000,
+     * at most 4096), `more` when older ones were left out. Each run names the run it
+     * continues (`parentRunId`: its own, or the run before it), so they form a tree
+     * (docs/protocol.md, "runs"). Rejects with a HubError `forbidden` without the read
+     * grant. */
+    runs(thread: string, options?: {
+        limit?: number;
+        timeout?: number;
+    }): Promise<{
+        runs: RunInfo[];
+        more: boolean;
+    }>;
     /** Fresh event ids, unique to this client: "<random prefix>-<counter>". */
     newEventIds(count: number): string[];
     /** Close the connection; iterators end after what they buffered, commands in flight

@@ -2175,6 +2175,17 @@ var HubClient = class {
     await this.#request({ type: "ping" }, options.timeout ?? this.#openTimeout);
     return now() - began;
   }
+  /** The runs of *thread* in the order they started: its newest *limit* (default 1000,
+   * at most 4096), `more` when older ones were left out. Each run names the run it
+   * continues (`parentRunId`: its own, or the run before it), so they form a tree
+   * (docs/protocol.md, "runs"). Rejects with a HubError `forbidden` without the read
+   * grant. */
+  async runs(thread, options = {}) {
+    checkThread(thread);
+    const command = { type: "runs", thread, limit: options.limit ?? 1e3 };
+    const reply = await this.#request(command, options.timeout ?? this.#openTimeout);
+    return { runs: Array.isArray(reply.runs) ? reply.runs : [], more: reply.more === true };
+  }
   /** Fresh event ids, unique to this client: "<random prefix>-<counter>". */
   newEventIds(count) {
     const ids = [];

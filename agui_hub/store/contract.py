@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from ..agui.runs import RunInfo
 from ..errors import (
     AppendConflict,
     InvalidEvent,
@@ -33,6 +34,7 @@ from ..wire.offsets import START, Offset, check_thread, offset_key
 
 __all__ = [
     "ENTRY_OVERHEAD",
+    "MAX_RUNS",
     "RUN_ID_OVERHEAD",
     "START",
     "AppendConflict",
@@ -45,6 +47,7 @@ __all__ = [
     "Offset",
     "OffsetExpired",
     "Retention",
+    "RunInfo",
     "StoreError",
     "StoreUnavailable",
     "SubscriptionLagged",
@@ -59,6 +62,9 @@ __all__ = [
 ]
 
 # -- values ----------------------------------------------------------------------
+
+MAX_RUNS = 4096
+"""Runs a thread's index of runs keeps: past it, the oldest eighth goes."""
 
 
 def encode_event_data(event: dict[str, Any]) -> bytes:
@@ -363,6 +369,13 @@ class ThreadStore(Protocol):
 
     async def stored_ids(self, thread: str, event_ids: Sequence[str]) -> dict[str, Offset]:
         """The offsets of those of *event_ids* that are stored (a retry's check)."""
+        ...
+
+    async def runs(self, thread: str) -> list[RunInfo]:
+        """The index of *thread*'s runs, in the order they started (``[]``: no
+        thread, or no run yet). It outlives trimming and goes with the epoch
+        (a re-created thread starts a new one); at most :data:`MAX_RUNS`, the
+        newest. Build a :class:`~agui_hub.agui.runs.RunTree` from it."""
         ...
 
     async def read(

@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..agui.runs import RunState, ended_status, input_preview
 from ..errors import AppendConflict, OffsetExpired
 from .contract import (
+    MAX_RUNS,
     START,
     Available,
     Checkpoint,
@@ -31,6 +33,7 @@ from .contract import (
     FeedSubscription,
     Offset,
     Retention,
+    RunInfo,
     ThreadInfo,
     check_thread,
     encode_event_data,
@@ -60,6 +63,18 @@ class _Thread:
     checkpoint: Checkpoint | None = None
     bytes: int = 0
     """Sum of ``len(entry.data)`` over ``entries``."""
+    runs: dict[str, _Run] = field(default_factory=dict)
+    """The index of runs: run id -> what the store keeps of it, in the order
+    the runs started (trimming leaves it; see docs/store.md)."""
+
+
+@dataclass
+class _Run:
+    parent: str | None
+    status: RunState
+    first: Offset
+    last: Offset | None
+    preview: str
 
 
 PRUNE_SAMPLE = 64
@@ -181,10 +196,16 @@ class MemoryStore:
                 offsets.append(known)
                 continue
             event_type = str(item.event.get("type", ""))
-            if event_type == "RUN_STARTED" and item.run_id:
-                state.run_id = item.run_id
             key = self._next_key(state)
             offset = f"{key[0]}-{key[1]}"
+            if event_type == "RUN_STARTED" and item.run_id:
+                _index_run(state, item.run_id, item.event, offset)
+                state.run_id = item.run_id
+            elif event_type in ("RUN_FINISHED", "RUN_ERROR"):
+                run = state.runs.get(item.run_id or state.run_id or "")
+                status = ended_status(item.event)
+                if run is not None and status is not None:
+                    run.status, run.last = status, offset
             entry = Entry(offset, data, item.event_id, item.run_id or state.run_id, event_type)
             state.entries.append(entry)
             state.keys.append(key)
@@ -199,6 +220,28 @@ class MemoryStore:
             for sub in list(self._subs.get(thread, ())):
                 sub._on_live(added, state.epoch)
         return offsets
+
+    async def runs(self, thread: str) -> list[RunInfo]:
+        check_thread(thread)
+        state = self._get(thread)
+        if state is None:
+            return []
+        head = f"{state.last[0]}-{state.last[1]}"
+        return [
+            RunInfo(
+                run_id=run_id,
+                parent_run_id=run.parent,
+                status=run.status,
+                first=run.first,
+                last=run.last
+                if run.last is not None
+                or run_id != state.run_id
+                or run.status is not RunState.RUNNING
+                else head,
+                preview=run.preview,
+            )
+            for run_id, run in state.runs.items()
+        ]
 
     async def stored_ids(self, thread: str, event_ids: Sequence[str]) -> dict[str, Offset]:
         state = self._get(thread)
@@ -318,3 +361,18 @@ class MemoryStore:
             for sub in list(subs):
                 await sub.close()
         self._subs.clear()
+
+
+def _index_run(state: _Thread, run_id: str, started: dict[str, object], offset: Offset) -> None:
+    """Record a run that starts at *offset*: the rules of docs/store.md's index
+    of runs, which append.lua applies in Redis."""
+    if run_id in state.runs:
+        return  # a second RUN_STARTED of a known run: the index keeps the first
+    parent = started.get("parentRunId")
+    if not isinstance(parent, str) or not parent:
+        parent = state.run_id  # continues the run before it
+    state.runs[run_id] = _Run(parent, RunState.RUNNING, offset, None, input_preview(started))
+    if len(state.runs) > MAX_RUNS:
+        # The oldest go, an eighth of the bound at a time (as in Redis).
+        for old in list(state.runs)[: len(state.runs) - MAX_RUNS + MAX_RUNS // 8]:
+            del state.runs[old]

@@ -31,6 +31,7 @@ __all__ = [
     "CloseCode",
     "Command",
     "CommandError",
+    "ListRuns",
     "Ping",
     "Position",
     "Publish",
@@ -175,6 +176,20 @@ class Ping:
 
 
 @dataclass(frozen=True, slots=True)
+class ListRuns:
+    """List a thread's runs (the index of runs: docs/protocol.md, ``runs``): the
+    newest *limit* of them."""
+
+    id: Any
+    thread: str
+    limit: int = 1000
+
+
+MAX_RUNS_LISTED = 4096
+"""The most runs one ``runs`` reply lists (what a store's index keeps)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Auth:
     """Authenticate an open connection, or refresh its credentials before they expire."""
 
@@ -213,7 +228,7 @@ class Cancel:
     """End a run the thread holds open that no gateway relays (a crashed gateway's)."""
 
 
-Command = Subscribe | Unsubscribe | Publish | Ping | Auth | Run | Cancel
+Command = Subscribe | Unsubscribe | Publish | Ping | Auth | Run | Cancel | ListRuns
 
 MAX_TOKEN_CHARS = 8192
 
@@ -336,6 +351,17 @@ def parse_command(
         return Publish(command_id, thread, events, ids, encoding is Encoding.MSGPACK)
     if kind == "ping":
         return Ping(command_id)
+    if kind == "runs":
+        limit = frame.get("limit", 1000)
+        if (
+            not isinstance(limit, int)
+            or isinstance(limit, bool)
+            or not 0 < limit <= MAX_RUNS_LISTED
+        ):
+            raise CommandError(
+                "bad_command", f"limit must be an integer from 1 to {MAX_RUNS_LISTED}", command_id
+            )
+        return ListRuns(command_id, _thread(frame, command_id), limit)
     if kind == "auth":
         token = frame.get("token")
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
@@ -357,7 +383,7 @@ def parse_command(
     raise CommandError(
         "unknown_command",
         f"unknown command {kind!r}: expected subscribe, unsubscribe, publish, ping, auth, "
-        "run or cancel",
+        "run, cancel or runs",
         command_id,
     )
 
@@ -450,6 +476,14 @@ def running_frame(command_id: Any, run: dict[str, Any]) -> dict[str, Any]:
 def cancelled_frame(command_id: Any, run: dict[str, Any]) -> dict[str, Any]:
     """The reply to ``cancel``: the run has ended (its RUN_ERROR is stored)."""
     return _with_id({"type": "cancelled", **run}, command_id)
+
+
+def runs_frame(
+    command_id: Any, thread: str, runs: list[dict[str, Any]], more: bool
+) -> dict[str, Any]:
+    """The reply to ``runs``: the thread's runs, in the order they started;
+    *more*: older runs were left out (the command's ``limit``)."""
+    return _with_id({"type": "runs", "thread": thread, "runs": runs, "more": more}, command_id)
 
 
 def pong_frame(command_id: Any) -> dict[str, Any]:

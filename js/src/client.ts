@@ -330,6 +330,21 @@ export function tokenExpiry(token: string): number | null {
 }
 
 /** Throws HubError when *thread* is not a valid thread name (docs/protocol.md). */
+/** One run of a thread, as the `runs` command lists it. */
+export interface RunInfo {
+  runId: string;
+  /** The run it continues (null: the first of its tree). */
+  parentRunId: string | null;
+  status: "running" | "finished" | "error" | "cancelled";
+  /** Offset of its RUN_STARTED. */
+  first: string;
+  /** Offset of its RUN_FINISHED / RUN_ERROR; while it runs, the thread's newest (when it
+   * is the thread's current run), else null. */
+  last: string | null;
+  /** The start of the last user message of its input ("" without one). */
+  preview: string;
+}
+
 export function checkThread(thread: string): string {
   if (typeof thread !== "string") throw new HubError("a thread name is a string");
   const length = [...thread].length;
@@ -1052,6 +1067,21 @@ export class HubClient {
     const began = now();
     await this.#request({ type: "ping" }, options.timeout ?? this.#openTimeout);
     return now() - began;
+  }
+
+  /** The runs of *thread* in the order they started: its newest *limit* (default 1000,
+   * at most 4096), `more` when older ones were left out. Each run names the run it
+   * continues (`parentRunId`: its own, or the run before it), so they form a tree
+   * (docs/protocol.md, "runs"). Rejects with a HubError `forbidden` without the read
+   * grant. */
+  async runs(
+    thread: string,
+    options: { limit?: number; timeout?: number } = {},
+  ): Promise<{ runs: RunInfo[]; more: boolean }> {
+    checkThread(thread);
+    const command: Frame = { type: "runs", thread, limit: options.limit ?? 1000 };
+    const reply = await this.#request(command, options.timeout ?? this.#openTimeout);
+    return { runs: Array.isArray(reply.runs) ? (reply.runs as RunInfo[]) : [], more: reply.more === true };
   }
 
   /** Fresh event ids, unique to this client: "<random prefix>-<counter>". */

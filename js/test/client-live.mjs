@@ -8,6 +8,7 @@
 //        [--token JWT | --secret-file F --ttl S] [--deadline MS]
 //   node test/client-live.mjs publish --url URL --thread T [--encoding E] --count N
 //        [--marker TEXT] [--run-id R] [--deadline MS]
+//   node test/client-live.mjs runs --url URL --thread T [--limit N]
 //
 // F is start, live, snapshot or OFFSET@EPOCH. The exit status is 0 when the run ended as
 // asked (stop condition met, or for --until error an error), 3 when --deadline passed.
@@ -215,7 +216,21 @@ async function publish() {
   emit({ result });
 }
 
-const scenarios = { follow, publish };
+async function runs() {
+  const statuses = [];
+  const hub = makeClient(statuses);
+  const options = opts.limit === undefined ? {} : { limit: Number(opts.limit) };
+  let result;
+  try {
+    result = await hub.runs(opts.thread, options);
+  } catch (error) {
+    result = { error: errorDoc(error) };
+  }
+  await hub.close();
+  emit({ result });
+}
+
+const scenarios = { follow, publish, runs };
 if (!(opts.scenario in scenarios)) {
   console.error(`unknown scenario ${opts.scenario}: one of ${Object.keys(scenarios).join(", ")}`);
   process.exit(2);

@@ -256,6 +256,25 @@ def test_info_shows_one_thread_with_its_checkpoint(store_url: str):
 # -- delete ------------------------------------------------------------------------------------
 
 
+def test_runs_reads_the_tree_from_the_store(store_url: str):
+    thread = unique("runs")
+    publish(store_url, thread, 3)
+    listed = [
+        json.loads(x) for x in ok("runs", thread, "--json", "--store", store_url).out.splitlines()
+    ]
+    assert [r["status"] for r in listed] == ["finished"] * 3
+    # Each continues the run before it: one straight branch.
+    assert [r["parentRunId"] for r in listed] == [None, listed[0]["runId"], listed[1]["runId"]]
+    text = ok("runs", thread, "--store", store_url, "--limit", "2")
+    assert text.out.splitlines() == [
+        f"{listed[1]['runId']}  finished",
+        f"└─ {listed[2]['runId']}  finished",
+    ], text.out
+    assert "older ones left out" in text.err
+    nothing = ok("runs", unique("empty"), "--store", store_url)
+    assert nothing.out == "" and "has no runs" in nothing.err
+
+
 def test_delete_with_yes_deletes_and_says_what(store_url: str):
     thread, other = unique("doomed"), unique("kept")
     offsets = publish(store_url, thread, 2)

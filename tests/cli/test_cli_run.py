@@ -259,6 +259,26 @@ def test_run_prints_the_transcript_and_the_next_run_has_the_thread(
     assert starts[1]["parentRunId"] == run_id
     assert [e["type"] for e in events].count("RUN_FINISHED") == 2
 
+    # The runs as a tree: the second continues the first; previews are the messages.
+    tree = ok("runs", thread, "--url", gateway.url)
+    assert tree.out.splitlines() == [
+        f"{run_id}  finished  'hello'",
+        f"└─ {sent2['runId']}  finished  'and again'",
+    ], tree.out
+    listed = [
+        json.loads(line)
+        for line in ok("runs", thread, "--json", "--url", gateway.url).out.splitlines()
+    ]
+    assert [(r["runId"], r["parentRunId"], r["status"], r["preview"]) for r in listed] == [
+        (run_id, None, "finished", "hello"),
+        (sent2["runId"], run_id, "finished", "and again"),
+    ]
+    records = [
+        json.loads(x) for x in ok("replay", thread, "--json", "--url", gateway.url).out.splitlines()
+    ]
+    started_at = [r["offset"] for r in records if r["event"]["type"] == "RUN_STARTED"]
+    assert [r["first"] for r in listed] == started_at
+
 
 def test_detach_then_cancel(gateways: Gateways, agent: UpstreamAgent) -> None:
     gateway = serve(gateways, agent)

@@ -142,6 +142,19 @@ async def test_threads_are_listed_with_their_figures(harness: Harness) -> None:
         assert shown.pop("ttl") <= same.pop("ttl")  # counting down
         assert shown == same
 
+    # With ?runs, the index of its runs too.
+    shown = body(await http_get(port, "/admin/threads/tenant-1%2Fb?runs=1", ADMIN))
+    assert shown["runs"] == [
+        {
+            "runId": "r1",
+            "parentRunId": None,
+            "status": "running",  # not finished: its last offset is the thread's newest
+            "first": offsets["tenant-1/b"][0],
+            "last": offsets["tenant-1/b"][-1],
+            "preview": "",
+        }
+    ]
+
     limited = body(await http_get(port, "/admin/threads?limit=2", ADMIN))
     assert len(limited["threads"]) == 2 and limited["truncated"] is True
     assert limited["limit"] == 2

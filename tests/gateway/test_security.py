@@ -452,6 +452,9 @@ async def test_tenant_cannot_read_or_write_another_tenants_threads(
         ):
             reply = await a.publish(thread, events, [f"a-{uuid.uuid4().hex}" for _ in events])
             assert forbidden(reply, thread), (via, thread, reply)
+        # Nor may it list the runs of B's threads.
+        reply = await a.request({"type": "runs", "thread": b_thread})
+        assert forbidden(reply, b_thread), (via, reply)
         # A's own thread works on the same connection.
         published = await a.publish(own, [run_started(own), custom(via)])
         assert published["type"] == "published" and len(published["offsets"]) == 2, published

@@ -42,7 +42,7 @@ JSON = "agui-hub.v1.json"
 MSGPACK = "agui-hub.v1.msgpack"
 WAIT = 10 * TIMEOUT_SCALE
 """Longest wait for any one thing to arrive."""
-REPLIES = {"subscribed", "unsubscribed", "published", "pong", "error"}
+REPLIES = {"subscribed", "unsubscribed", "published", "pong", "error", "runs"}
 
 Event = dict[str, Any]
 Frame = dict[str, Any]
@@ -1323,6 +1323,43 @@ async def test_a_connection_that_sends_is_not_idle_and_one_that_stops_is(mem: Ha
     reply = await talker.request({"type": "unsubscribe", "id": 9, "thread": "briefly"})
     assert reply["type"] == "unsubscribed"
     assert await talker.closed_code(2.0) == 4001
+
+
+# -- the runs of a thread -------------------------------------------------------------------
+
+
+async def test_runs_lists_the_tree_of_runs(harness: Harness) -> None:
+    gateway = await harness.gateway()
+    client = await harness.client(gateway)
+    thread = "branches"
+
+    def started(run: str, parent: str | None = None) -> Event:
+        event: Event = {"type": "RUN_STARTED", "threadId": thread, "runId": run}
+        if parent is not None:
+            event["parentRunId"] = parent
+        return event
+
+    def ended(run: str) -> Event:
+        return {"type": "RUN_FINISHED", "threadId": thread, "runId": run}
+
+    first = await client.publish(thread, [started("r1"), ended("r1")])
+    await client.publish(thread, [started("r2"), ended("r2")])
+    await client.publish(thread, [started("r3", parent="r1"), ended("r3")])
+    reply = await client.request({"type": "runs", "thread": thread})
+    assert reply["type"] == "runs" and reply["thread"] == thread and reply["more"] is False
+    assert [(r["runId"], r["parentRunId"], r["status"]) for r in reply["runs"]] == [
+        ("r1", None, "finished"),
+        ("r2", "r1", "finished"),
+        ("r3", "r1", "finished"),
+    ]
+    assert (reply["runs"][0]["first"], reply["runs"][0]["last"]) == tuple(first)
+    newest = await client.request({"type": "runs", "thread": thread, "limit": 1})
+    assert [r["runId"] for r in newest["runs"]] == ["r3"] and newest["more"] is True
+    empty = await client.request({"type": "runs", "thread": "no-such-thread"})
+    assert empty["runs"] == [] and empty["more"] is False
+    for limit in (0, 5000, "3", True):
+        bad = await client.request({"type": "runs", "thread": thread, "limit": limit})
+        assert bad["type"] == "error" and bad["code"] == "bad_command", (limit, bad)
 
 
 # -- thread re-created ----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from agui_hub.store.redis.store import (
     durability_problems,
     meta_key,
     notify_channel,
+    runs_key,
     stream_key,
     tenant_key,
 )
@@ -167,6 +168,29 @@ async def test_the_ttl_is_refreshed_once_a_sixteenth_of_it_passed_and_every_key_
         await raw.delete(keys[0])
         await store.append("t", [item(3)])
         assert all(t > 999_000 for t in await ttls())
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_the_index_of_runs_expires_with_its_thread(redis_server: RedisServer) -> None:
+    """The index is made by a thread's first RUN_STARTED, perhaps long after the
+    thread: it gets a TTL at once, and is refreshed with the other keys."""
+    prefix = f"ttl-{uuid.uuid4().hex[:6]}"
+    store = RedisStore(redis_server.url, prefix=prefix, retention=Retention(ttl=1000))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    runs, meta = runs_key(prefix, "t"), f"{prefix}:{{t}}:meta"
+    try:
+        await store.append("t", [item(0)])
+        await asyncio.sleep(0.3)
+        started = {"type": "RUN_STARTED", "threadId": "t", "runId": "late"}
+        await store.append("t", [EventInput.of(started, "s")])
+        assert 990_000 < await raw.pttl(runs) <= 1_000_000
+        expires = int(await raw.hget(meta, "expires"))
+        await raw.hset(meta, "expires", str(expires - 63_000))
+        await raw.pexpire(runs, 500_000)
+        await store.append("t", [item(1)])  # a refresh: every key, the index too
+        assert await raw.pttl(runs) > 999_000
     finally:
         await raw.aclose()
         await store.close()

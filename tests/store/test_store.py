@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -40,10 +38,9 @@ from agui_hub.store.urls import parse_store_url, redact_url
 
 from ..conftest import TIMEOUT_SCALE, RedisServer
 from ..streams import collect
+from .conftest import StoreFactory
 
 pytestmark = pytest.mark.timeout(60)
-
-StoreFactory = Callable[..., Awaitable[ThreadStore]]
 
 
 def content(i: int, message: str = "m1") -> dict[str, Any]:
@@ -56,27 +53,6 @@ def item(i: int, prefix: str = "e") -> EventInput:
 
 def deltas(entries: list[Any]) -> list[str]:
     return [msgpack.unpackb(e.data)["delta"] for e in entries]
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def make_store(
-    request: pytest.FixtureRequest, redis_server: RedisServer
-) -> AsyncIterator[StoreFactory]:
-    created: list[ThreadStore] = []
-
-    async def factory(retention: Retention | None = None, **kwargs: Any) -> ThreadStore:
-        store: ThreadStore
-        if request.param == "memory":
-            store = MemoryStore(retention=retention, **kwargs)
-        else:
-            prefix = f"t{uuid.uuid4().hex[:12]}"
-            store = RedisStore(redis_server.url, prefix=prefix, retention=retention, **kwargs)
-        created.append(store)
-        return store
-
-    yield factory
-    for store in created:
-        await store.close()
 
 
 async def test_append_and_read_in_order(make_store: StoreFactory) -> None:

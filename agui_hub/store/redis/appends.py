@@ -33,6 +33,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ...errors import AppendConflict, StoreError, StoreUnavailable, TooManyThreads
 from ..contract import (
+    MAX_RUNS,
     EventInput,
     Expected,
     Offset,
@@ -42,7 +43,15 @@ from ..contract import (
     too_many_threads,
 )
 from .calls import MAYBE_STORED, Deadlines, RedisCalls, bounded
-from .keys import checkpoint_key, ids_key, meta_key, notify_channel, stream_key, tenant_key
+from .keys import (
+    checkpoint_key,
+    ids_key,
+    meta_key,
+    notify_channel,
+    runs_key,
+    stream_key,
+    tenant_key,
+)
 from .resp import command, normal_offset, round_trip, text
 from .scripts import Script
 
@@ -301,6 +310,7 @@ class Appender:
             thread,
             self._prefix,
             self.notify_bytes,
+            MAX_RUNS,
         ]
         for member in members:
             args += member.quads
@@ -318,6 +328,7 @@ class Appender:
             ids_key(self._prefix, thread),
             checkpoint_key(self._prefix, thread),
             tenant,
+            runs_key(self._prefix, thread),
         ]
         return keys, args
 

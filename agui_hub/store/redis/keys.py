@@ -15,6 +15,9 @@ each key of the thread to its own slot)::
     agui:{<tag>}:ids            hash: event id -> offset, for idempotent publishing
     agui:{<tag>}:checkpoint     hash: offset, epoch, events, complete (see
                                 :class:`~agui_hub.store.contract.Checkpoint`)
+    agui:{<tag>}:runs           hash: run id -> msgpack [parent run id or "",
+                                status, first offset, last offset or "", preview]:
+                                the index of runs (docs/store.md)
     agui:{<tag>}:notify         pub/sub channel: "new entries": the entries
                                 themselves (see :mod:`agui_hub.store.redis.live`)
                                 or the last offset
@@ -43,6 +46,7 @@ __all__ = [
     "ids_key",
     "meta_key",
     "notify_channel",
+    "runs_key",
     "stream_key",
     "tenant_key",
     "thread_of_tag",
@@ -103,6 +107,11 @@ def ids_key(prefix: str, thread: str) -> str:
 def checkpoint_key(prefix: str, thread: str) -> str:
     """The hash of *thread*'s checkpoint."""
     return f"{prefix}:{{{thread_tag(thread)}}}:checkpoint"
+
+
+def runs_key(prefix: str, thread: str) -> str:
+    """The hash that indexes *thread*'s runs."""
+    return f"{prefix}:{{{thread_tag(thread)}}}:runs"
 
 
 def notify_channel(prefix: str, thread: str) -> str:

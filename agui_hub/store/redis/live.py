@@ -39,7 +39,7 @@ from ...errors import OffsetExpired, StoreError, StoreUnavailable
 from ..contract import PAGE_SIZE, START, Entry, FeedSubscription, Offset, offset_key
 from ..urls import DEFAULT_OUTAGE_GRACE
 from .calls import RedisCalls, bounded
-from .keys import checkpoint_key, meta_key, notify_channel, stream_key
+from .keys import checkpoint_key, meta_key, notify_channel, runs_key, stream_key
 from .pages import Page, ThreadPages
 from .resp import text
 from .scripts import Script
@@ -366,10 +366,11 @@ class LiveReader:
             return
         checks = [
             (
-                3,
+                4,
                 stream_key(prefix, thread),
                 meta_key(prefix, thread),
                 checkpoint_key(prefix, thread),
+                runs_key(prefix, thread),
                 feed.cursor,
                 feed.epoch or "",
                 secrets.token_hex(8),

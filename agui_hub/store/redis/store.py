@@ -29,12 +29,17 @@ docs/store.md for the whole contract.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+import msgpack
+
+from ...agui.runs import RunState
 from ...errors import OffsetExpired
 from ..contract import (
     START,
@@ -46,6 +51,7 @@ from ..contract import (
     FeedSubscription,
     Offset,
     Retention,
+    RunInfo,
     ThreadInfo,
     check_thread,
     offset_key,
@@ -66,6 +72,7 @@ from .keys import (
     ids_key,
     meta_key,
     notify_channel,
+    runs_key,
     stream_key,
     tenant_key,
     thread_of_tag,
@@ -73,6 +80,8 @@ from .keys import (
 from .live import OUTAGE_GRACE, LiveReader, LiveSource
 from .pages import Page, ThreadPages
 from .resp import normal_offset, text
+
+log = logging.getLogger("agui_hub.redis_store")
 
 if TYPE_CHECKING:
     from .cluster_live import ClusterLiveReader
@@ -89,6 +98,7 @@ __all__ = [
     "ids_key",
     "meta_key",
     "notify_channel",
+    "runs_key",
     "stream_key",
     "tenant_key",
 ]
@@ -418,6 +428,7 @@ class RedisStore:
             meta_key(self.prefix, thread),
             ids_key(self.prefix, thread),
             checkpoint_key(self.prefix, thread),
+            runs_key(self.prefix, thread),
         ]
         channel = notify_channel(self.prefix, thread)
         if self._calls.cluster is not None:
@@ -448,6 +459,35 @@ class RedisStore:
         await self._calls.call(
             self._client.eval(scripts.CHECKPOINT.source, len(keys), *keys, *args)
         )
+
+    async def runs(self, thread: str) -> list[RunInfo]:
+        check_thread(thread)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hgetall(runs_key(self.prefix, thread))
+        pipe.hmget(meta_key(self.prefix, thread), ["run", "last"])
+        records, (current, head) = await self._calls.call(pipe.execute())
+        current = text(current) if current else None
+        found: list[RunInfo] = []
+        for run_id, packed in records.items():
+            try:
+                parent, status, first, last, preview = msgpack.unpackb(packed, raw=True)
+                info = RunInfo(
+                    run_id=text(run_id),
+                    parent_run_id=text(parent) or None,
+                    status=RunState(text(status)),
+                    first=text(first),
+                    last=text(last) or None,
+                    # A preview cut inside a character by the script loses that character.
+                    preview=preview.decode("utf-8", "ignore"),
+                )
+            except (ValueError, TypeError, msgpack.UnpackException):
+                log.warning("redis store: thread %r: unreadable run record %r", thread, run_id)
+                continue
+            if info.last is None and info.run_id == current and head:
+                info = dataclasses.replace(info, last=text(head))
+            found.append(info)
+        found.sort(key=lambda r: offset_key(r.first))
+        return found
 
     async def get_checkpoint(self, thread: str) -> Checkpoint | None:
         check_thread(thread)

@@ -17,6 +17,7 @@
 -- KEYS[5] tenant      <prefix>:tenant:{<tenant>}, the set of the tenant's threads
 --                     (on Redis Cluster the meta key stands in: touched only
 --                     when max_tenant_threads is set, which a cluster refuses)
+-- KEYS[6] runs        <prefix>:{<tag>}:runs, the index of runs (below)
 -- ARGV[1]  epoch candidate (random hex: the epoch if this call makes one)
 -- ARGV[2]  max_len (entries; 0: off)
 -- ARGV[3]  max_age_ms (0: off)
@@ -31,8 +32,17 @@
 -- ARGV[12] thread id
 -- ARGV[13] key prefix
 -- ARGV[14] notify_bytes (largest payload total a notification carries; 0: none)
--- ARGV[15..] n times: event id, run id ("": the current run), event type,
+-- ARGV[15] max_runs (runs the index keeps; past it the oldest eighth goes)
+-- ARGV[16..] n times: event id, run id ("": the current run), event type,
 --          payload (msgpack of the event)
+--
+-- The index of runs (agui_hub/agui/runs.py has the same rules): a RUN_STARTED
+-- with a run id adds its run, once: [parent, "running", its offset, "",
+-- preview], the parent being its parentRunId or else the run before it, the
+-- preview the start of the last user message of its input; a RUN_FINISHED or
+-- RUN_ERROR sets its run's status ("finished", "error", "cancelled" for the
+-- code AGUI_HUB_RUN_CANCELLED) and last offset. Trimming leaves the index; a
+-- new epoch deletes it.
 --
 -- Returns {epoch, {offset per event}, status}; {"conflict", status} when the
 -- expectation fails; {"too_many_threads", status} when the append would create
@@ -41,8 +51,8 @@
 --
 -- Debugging (one event, no retention, thread t):
 --   redis-cli --eval append.lua 'agui:{t}:events' 'agui:{t}:meta' 'agui:{t}:ids' \
---     'agui:{t}:checkpoint' 'agui:tenant:{t}' , 5eed 0 0 0 'agui:{t}:notify' 1 '' '' \
---     100000 0 0 t agui 0 e1 r1 RUN_STARTED payload
+--     'agui:{t}:checkpoint' 'agui:tenant:{t}' 'agui:{t}:runs' , 5eed 0 0 0 \
+--     'agui:{t}:notify' 1 '' '' 100000 0 0 t agui 0 4096 e1 r1 RUN_STARTED payload
 
 -- Offsets are compared as decimal strings (no leading zeros; the store
 -- normalises what it passes), so that 20-digit parts compare exactly (tonumber
@@ -78,9 +88,13 @@ local rebuild_limit = tonumber(ARGV[9])
 local max_bytes, max_threads = tonumber(ARGV[10]), tonumber(ARGV[11])
 local thread, prefix = ARGV[12], ARGV[13]
 local notify_bytes = tonumber(ARGV[14])
+local max_runs = tonumber(ARGV[15])
 local PRUNE_SAMPLE = 64
-local tenant = KEYS[5]
-local FIRST = 15
+local tenant, runs = KEYS[5], KEYS[6]
+local FIRST = 16
+-- Bytes of a run's preview (agui_hub/agui/runs.py PREVIEW_BYTES; the reader
+-- drops a character cut in two).
+local PREVIEW_BYTES = 160
 
 local state = redis.call('HMGET', meta, 'epoch', 'run', 'last', 'trimmed', 'ids', 'bytes',
   'expires')
@@ -111,7 +125,7 @@ local function new_epoch(reason)
   epoch = ARGV[1]
   status = reason
   redis.call('HSET', meta, 'epoch', epoch)
-  redis.call('DEL', checkpoint)
+  redis.call('DEL', checkpoint, runs)
   redis.call('PUBLISH', channel, 'rewound')
 end
 
@@ -251,6 +265,73 @@ if carry then
   end
 end
 
+-- The index of runs (see the top): what a run's RUN_STARTED says of it.
+local function preview_of(event)
+  local input = event['input']
+  if type(input) ~= 'table' or type(input['messages']) ~= 'table' then return '' end
+  local messages = input['messages']
+  for j = #messages, 1, -1 do
+    local message = messages[j]
+    if type(message) == 'table' and message['role'] == 'user' then
+      local content = message['content']
+      if type(content) == 'string' then return string.sub(content, 1, PREVIEW_BYTES) end
+      if type(content) == 'table' then
+        for _, part in ipairs(content) do
+          if type(part) == 'table' and part['type'] == 'text' and type(part['text']) == 'string' then
+            return string.sub(part['text'], 1, PREVIEW_BYTES)
+          end
+        end
+      end
+      return ''
+    end
+  end
+  return ''
+end
+
+local function prune_runs()
+  local all, order = redis.call('HGETALL', runs), {}
+  for j = 1, #all, 2 do
+    local ok, record = pcall(cmsgpack.unpack, all[j + 1])
+    local first = ok and type(record) == 'table' and record[3] or '0-0'
+    order[#order + 1] = {all[j], first}
+  end
+  table.sort(order, function(a, b) return cmp(a[2], b[2]) < 0 end)
+  for j = 1, #order - max_runs + math.floor(max_runs / 8) do
+    redis.call('HDEL', runs, order[j][1])
+  end
+end
+
+local function index_start(run_id, before, payload, offset)
+  if redis.call('HEXISTS', runs, run_id) == 1 then return end
+  local parent, preview = '', ''
+  local ok, event = pcall(cmsgpack.unpack, payload)
+  if ok and type(event) == 'table' then
+    if type(event['parentRunId']) == 'string' then parent = event['parentRunId'] end
+    preview = preview_of(event)
+  end
+  if parent == '' then parent = before end
+  redis.call('HSET', runs, run_id, cmsgpack.pack({parent, 'running', offset, '', preview}))
+  if ttl_ms > 0 then redis.call('PEXPIRE', runs, ttl_ms) end
+  if redis.call('HLEN', runs) > max_runs then prune_runs() end
+end
+
+local function index_end(run_id, event_type, payload, offset)
+  local known = redis.call('HGET', runs, run_id)
+  if not known then return end
+  local ok, record = pcall(cmsgpack.unpack, known)
+  if not ok or type(record) ~= 'table' then return end
+  local status = 'finished'
+  if event_type == 'RUN_ERROR' then
+    status = 'error'
+    local decoded, event = pcall(cmsgpack.unpack, payload)
+    if decoded and type(event) == 'table' and event['code'] == 'AGUI_HUB_RUN_CANCELLED' then
+      status = 'cancelled'
+    end
+  end
+  record[2], record[4] = status, offset
+  redis.call('HSET', runs, run_id, cmsgpack.pack(record))
+end
+
 local offsets, added, newest, first_new = {}, 0, nil, nil
 for i = 0, n - 1 do
   local base = FIRST + i * 4
@@ -260,7 +341,9 @@ for i = 0, n - 1 do
   if known then
     offsets[#offsets + 1] = known
   else
+    local before = false
     if event_type == 'RUN_STARTED' and run_id ~= '' then
+      before = run
       run = run_id
       redis.call('HSET', meta, 'run', run)
     end
@@ -268,6 +351,11 @@ for i = 0, n - 1 do
     local offset = redis.call('XADD', stream, '*',
       'event', payload, 'id', event_id, 'run', run_id, 'type', event_type)
     redis.call('HSET', ids, event_id, offset)
+    if before then
+      index_start(run_id, before, payload, offset)
+    elseif (event_type == 'RUN_FINISHED' or event_type == 'RUN_ERROR') and run_id ~= '' then
+      index_end(run_id, event_type, payload, offset)
+    end
     offsets[#offsets + 1] = offset
     newest = offset
     first_new = first_new or offset
@@ -378,7 +466,7 @@ elseif total ~= stored_total then
 end
 
 if ttl_ms > 0 then
-  -- Three PEXPIREs on every append are most of what a small append costs
+  -- A PEXPIRE of each key on every append was most of what a small append cost
   -- beyond its XADD: the TTL is refreshed once a sixteenth of it has passed
   -- (so a thread expires between 15/16 ttl and ttl after its last append),
   -- and at once when a key may have been made without one (a new thread, a
@@ -388,6 +476,7 @@ if ttl_ms > 0 then
     redis.call('PEXPIRE', stream, ttl_ms)
     redis.call('PEXPIRE', meta, ttl_ms)
     redis.call('PEXPIRE', ids, ttl_ms)
+    redis.call('PEXPIRE', runs, ttl_ms)
     redis.call('HSET', meta, 'expires', string.format('%d', now_ms() + ttl_ms))
   end
 end

@@ -9,6 +9,7 @@
 -- KEYS[1] stream      <prefix>:{<tag>}:events (<tag>: keys.py thread_tag)
 -- KEYS[2] meta        <prefix>:{<tag>}:meta
 -- KEYS[3] checkpoint  <prefix>:{<tag>}:checkpoint
+-- KEYS[4] runs        <prefix>:{<tag>}:runs (the index of runs goes with the epoch)
 -- ARGV[1] cursor: the offset the reader read last
 -- ARGV[2] the epoch the reader saw
 -- ARGV[3] epoch candidate (random hex: the new epoch if this call makes one)
@@ -18,7 +19,7 @@
 --
 -- Debugging:
 --   redis-cli --eval check_position.lua 'agui:{t}:events' 'agui:{t}:meta' \
---     'agui:{t}:checkpoint' , 1700000000000-0 <epoch> 5eed 'agui:{t}:notify'
+--     'agui:{t}:checkpoint' 'agui:{t}:runs' , 1700000000000-0 <epoch> 5eed 'agui:{t}:notify'
 
 -- Offsets compared as decimal strings, as in append.lua.
 local function cmp_part(a, b)
@@ -40,6 +41,6 @@ if not epoch or epoch ~= ARGV[2] then return {epoch or '', 0} end
 if trimmed and cmp(ARGV[1], trimmed) <= 0 then return {epoch, 0} end
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) > 0 then return {epoch, 0} end
 redis.call('HSET', KEYS[2], 'epoch', ARGV[3])
-redis.call('DEL', KEYS[3])
+redis.call('DEL', KEYS[3], KEYS[4])
 redis.call('PUBLISH', ARGV[4], 'rewound')
 return {ARGV[3], 1}
