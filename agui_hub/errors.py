@@ -30,6 +30,7 @@ the gateway puts into its error frames, and a message a person can act on.
         └── SubscriptionLagged        a live feed was not read fast enough; resubscribe
     └── BridgeError                   a run of an upstream agent (the HTTP bridge) was refused
         ├── UnknownAgent              no upstream agent of that name is configured
+        ├── UnknownRun                a parentRunId that is no run of the thread
         ├── RunActive                 the thread has a run going; cancel it or wait
         ├── TooManyRuns               the gateway runs as many upstream runs as it may
         ├── NoActiveRun               a cancel for a thread without a bridged run here
@@ -352,6 +353,12 @@ class UnknownAgent(BridgeError):
     """No upstream agent of that name is configured on this gateway (``--agent NAME=URL``)."""
 
     code = "unknown_agent"
+
+
+class UnknownRun(BridgeError):
+    """A run's ``parentRunId`` names no run of the thread (``runs`` lists them)."""
+
+    code = "unknown_run"
 
 
 class RunActive(BridgeError):

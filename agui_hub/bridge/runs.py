@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from ..agui.events import RunAgentInput, parse_message, to_wire
+from ..agui.runs import RunTree
 from ..errors import (
     InvalidEvent,
     NoActiveRun,
@@ -130,6 +131,7 @@ class Bridge:
         context: list[Any] | None = None,
         forwarded_props: Any = None,
         run_id: str | None = None,
+        parent_run_id: str | None = None,
     ) -> BridgedRun:
         """Start a run of *agent* in *thread*; returns once it is going.
 
@@ -138,8 +140,11 @@ class Bridge:
         thread's messages (but activity messages, as the TypeScript client
         does) followed by *messages*, the thread's state unless *state* is
         given, *tools*, *context* and *forwarded_props*, and ``parentRunId``
-        set to the thread's latest run. Raises
+        set to the thread's latest run. With *parent_run_id*, the messages and
+        state are those of the branch that ends with that run, as of its end
+        (a regenerate or an edit), and ``parentRunId`` is that run. Raises
         :class:`~agui_hub.errors.UnknownAgent`,
+        :class:`~agui_hub.errors.UnknownRun` (no such run in the thread),
         :class:`~agui_hub.errors.RunActive` (this gateway, or the thread's
         stored events, have a run going), :class:`~agui_hub.errors.TooManyRuns`,
         :class:`~agui_hub.errors.InvalidEvent` (an input or message that is not
@@ -166,7 +171,7 @@ class Bridge:
         try:
             run = await self._prepare(
                 endpoint, thread, subject, input, messages, state, tools, context,
-                forwarded_props, run_id,
+                forwarded_props, run_id, parent_run_id,
             )  # fmt: skip
         finally:
             self._reserved.discard(thread)
@@ -192,6 +197,7 @@ class Bridge:
         context: list[Any] | None,
         forwarded_props: Any,
         run_id: str | None,
+        parent_run_id: str | None = None,
     ) -> BridgedRun:
         folded, epoch, _cursor = await self.hub.fold(thread)
         if folded.run_active:
@@ -201,6 +207,17 @@ class Bridge:
                 "(its RUN_FINISHED or RUN_ERROR is not stored yet): cancel it or wait; if the "
                 "gateway relaying it crashed, end it with `agui-hub cancel THREAD --abandoned`"
             )
+        last = folded.current_run
+        if given is None:
+            # One run at a time in a thread, whatever its branch (judged on the
+            # whole thread above). The input is a branch's: the one asked for,
+            # as of its end, or else the latest run's, when the thread has
+            # branches (without, that is the whole thread, folded already).
+            parent = parent_run_id or (last.run_id if last is not None else None)
+            if parent is not None and (
+                parent_run_id is not None or len(RunTree(await self.hub.runs(thread)).tips()) > 1
+            ):
+                folded, _, _ = await self.hub.fold(thread, branch=parent)
         known = {m.get("id") for m in folded.messages}
         if given is not None:
             try:
@@ -213,7 +230,6 @@ class Bridge:
         else:
             history = [dict(m) for m in folded.messages if m.get("role") != "activity"]
             extra = [to_wire(parse_message(m)) for m in messages or []]
-            last = folded.current_run
             wire = {
                 "threadId": thread,
                 "runId": run_id or str(uuid.uuid4()),
@@ -223,7 +239,9 @@ class Bridge:
                 "context": context or [],
                 "forwardedProps": forwarded_props if forwarded_props is not None else {},
             }
-            if last is not None and last.run_id is not None:
+            if parent_run_id is not None:
+                wire["parentRunId"] = parent_run_id
+            elif last is not None and last.run_id is not None:
                 wire["parentRunId"] = last.run_id
             try:
                 wire = to_wire(RunAgentInput.model_validate(wire))

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..agui.reducer import ThreadState
+from ..agui.runs import RunInfo
 from ..wire.offsets import Offset
 
 __all__ = ["ThreadSink"]
@@ -21,12 +22,22 @@ __all__ = ["ThreadSink"]
 class ThreadSink(Protocol):
     """Reads a thread as stored, and stores events into it the way a publish does."""
 
-    async def fold(self, thread: str) -> tuple[ThreadState, str | None, Offset]:
-        """The thread as stored now, folded: ``(state, epoch, cursor)``.
+    async def fold(
+        self, thread: str, branch: str | None = None
+    ) -> tuple[ThreadState, str | None, Offset]:
+        """The thread as stored now, folded: ``(state, epoch, cursor)``; with
+        *branch*, only the branch that ends with that run, as of its end.
 
         The bridge builds a run's input from it and checks that no run is open.
-        Raises a :class:`~agui_hub.errors.StoreError` when the store fails.
+        Raises :class:`~agui_hub.errors.UnknownRun` for a *branch* that is no
+        run of the thread, a :class:`~agui_hub.errors.StoreError` when the
+        store fails.
         """
+        ...
+
+    async def runs(self, thread: str) -> list[RunInfo]:
+        """The thread's index of runs (see :meth:`ThreadStore.runs
+        <agui_hub.store.contract.ThreadStore.runs>`)."""
         ...
 
     async def publish(

@@ -45,6 +45,10 @@ def add_run_parser(commands: Subcommands) -> None:
     parser.add_argument("--message", action="append", default=[], metavar="TEXT",
                         help="a user message to add before the run (repeat for more)")  # fmt: skip
     parser.add_argument("--run-id", help="the run's id (default: a new one)")
+    parser.add_argument("--parent-run-id", metavar="RUN",
+                        help="run from the branch that ends with RUN (as of its end) "
+                        "instead of the thread's latest run: regenerate or edit "
+                        "(see agui-hub runs)")  # fmt: skip
     parser.add_argument("--detach", action="store_true",
                         help="print the run id and exit once the run is going")  # fmt: skip
     parser.add_argument("--url", help=GATEWAY_URL_HELP)
@@ -75,7 +79,12 @@ async def run_command(args: argparse.Namespace) -> int:
                 if isinstance(item, Subscribed):
                     break
             reply = await client.run(
-                thread, args.agent, messages=messages, run_id=args.run_id, timeout=retry.timeout
+                thread,
+                args.agent,
+                messages=messages,
+                run_id=args.run_id,
+                parent_run_id=args.parent_run_id,
+                timeout=retry.timeout,
             )
             run_id = reply.get("runId")
             cancel = shlex.join(["agui-hub", "cancel", thread])

@@ -352,6 +352,7 @@ class HubClient:
         context: Iterable[Any] = (),
         forwarded_props: Any = None,
         run_id: str | None = None,
+        parent_run_id: str | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md).
@@ -359,11 +360,15 @@ class HubClient:
         The gateway builds the run's input from the thread (its messages, then
         *messages*; its state, unless *state* is given; ``parentRunId`` its
         latest run) and relays the agent's events into the thread: subscribe
-        to follow them. Returns the ``running`` reply (``thread``, ``agent``,
+        to follow them. With *parent_run_id*, from the branch that ends with
+        that run instead, as of its end: regenerate an answer with the parent
+        of the run that gave it (and that run's user message in *messages*),
+        edit a message with the parent of the run that carried it (and the
+        edited message). Returns the ``running`` reply (``thread``, ``agent``,
         ``runId``, ``parentRunId``) once the run is going. Raises
         :class:`~agui_hub.errors.CommandRejected` with ``code``
-        ``unknown_agent``, ``run_active``, ``too_many_runs``, ``forbidden`` or
-        ``invalid_event`` (a message that is not AG-UI). Not sent again after a
+        ``unknown_agent``, ``unknown_run``, ``run_active``, ``too_many_runs``,
+        ``forbidden`` or ``invalid_event`` (a message that is not AG-UI). Not sent again after a
         dropped connection (pass *run_id* and check the thread before retrying).
         """
         check_thread(thread)
@@ -381,6 +386,8 @@ class HubClient:
             command["forwardedProps"] = forwarded_props
         if run_id is not None:
             command["runId"] = run_id
+        if parent_run_id is not None:
+            command["parentRunId"] = parent_run_id
         deadline = asyncio.get_running_loop().time() + (
             timeout if timeout is not None else self.open_timeout
         )

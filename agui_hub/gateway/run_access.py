@@ -59,6 +59,7 @@ class RunAccess:
             context=command.context,
             forwarded_props=command.forwarded_props,
             run_id=command.run_id,
+            parent_run_id=command.parent_run_id,
         )
 
     def cancel(self, identity: Identity | None, thread: str, run_id: str | None) -> BridgedRun:

@@ -203,7 +203,8 @@ class Run:
 
     The input is built from the thread (its messages and state, ``parentRunId``
     its latest run) with :attr:`messages` appended; :attr:`state`, when given,
-    replaces the thread's state.
+    replaces the thread's state. With :attr:`parent_run_id`, from the branch
+    that ends with that run instead (a regenerate, an edit: docs/protocol.md).
     """
 
     id: Any
@@ -215,6 +216,7 @@ class Run:
     context: list[Any] = field(default_factory=list)
     forwarded_props: Any = None
     run_id: str | None = None
+    parent_run_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,10 +390,10 @@ def parse_command(
     )
 
 
-def _run_id(frame: dict[str, Any], command_id: Any) -> str | None:
-    run_id = frame.get("runId")
+def _run_id(frame: dict[str, Any], command_id: Any, key: str = "runId") -> str | None:
+    run_id = frame.get(key)
     if run_id is not None and (not isinstance(run_id, str) or not 0 < len(run_id) <= 256):
-        raise CommandError("bad_command", "runId must be a string of 1 to 256 chars", command_id)
+        raise CommandError("bad_command", f"{key} must be a string of 1 to 256 chars", command_id)
     return run_id
 
 
@@ -420,6 +422,7 @@ def _run_command(frame: dict[str, Any], command_id: Any) -> Run:
         lists["context"],
         frame.get("forwardedProps"),
         _run_id(frame, command_id),
+        _run_id(frame, command_id, "parentRunId"),
     )
 
 

@@ -35,6 +35,7 @@ import msgpack
 import pytest
 
 from agui_hub.agui.reducer import fold
+from agui_hub.agui.runs import RunTree
 from agui_hub.bridge.runs import BridgedRun, RunState
 from agui_hub.client.hub_client import HubClient, ThreadEvent
 from agui_hub.errors import (
@@ -45,6 +46,7 @@ from agui_hub.errors import (
     StoreUnavailable,
     TooManyRuns,
     UnknownAgent,
+    UnknownRun,
 )
 from agui_hub.gateway.server import Gateway, GatewayConfig
 from agui_hub.store.contract import ThreadStore
@@ -531,6 +533,66 @@ FAILURES: dict[str, tuple[str, list[str], list[str]]] = {
 
 HUB_STARTED = {"dead", "status500", "status503", "not_sse", "hang"}
 """Failures before any event of the agent: the RUN_STARTED is the hub's."""
+
+
+async def test_regenerate_and_edit_run_from_a_branch(bench: Bench) -> None:
+    """A run with a parentRunId gets the branch's messages and state as of that
+    run's end; the runs form a tree."""
+    gateway = await bench.gateway()
+    thread = f"branches-{uuid.uuid4().hex[:8]}"
+    client = await bench.client(gateway)
+    await client.publish(
+        thread,
+        [
+            {"type": "RUN_STARTED", "threadId": thread, "runId": "run-0"},
+            {"type": "STATE_SNAPSHOT", "snapshot": {"before": True}},
+            {"type": "RUN_FINISHED", "threadId": thread, "runId": "run-0"},
+        ],
+    )
+    first = await ended(
+        await gateway.bridge.start("ok", thread, subject="tester", messages=[USER_1])
+    )
+    input_1 = bench.agent.inputs[-1]
+    second = await ended(
+        await gateway.bridge.start("ok", thread, subject="tester", messages=[USER_2])
+    )
+    input_2 = bench.agent.inputs[-1]
+    # Regenerate the second answer: the parent of the run that gave it, its question again.
+    again = await ended(
+        await gateway.bridge.start(
+            "ok", thread, subject="tester", messages=[USER_2], parent_run_id=first.run_id
+        )
+    )
+    input_3 = bench.agent.inputs[-1]
+    assert input_3["parentRunId"] == first.run_id
+    assert input_3["messages"] == input_2["messages"]
+    assert input_3["state"] == input_2["state"]
+    # Edit the first question: the parent of the run that carried it, the new text.
+    edited = {**USER_1, "id": "user-1-edited", "content": "something else"}
+    edit = await ended(
+        await gateway.bridge.start(
+            "ok", thread, subject="tester", messages=[edited], parent_run_id="run-0"
+        )
+    )
+    input_4 = bench.agent.inputs[-1]
+    assert input_4["parentRunId"] == "run-0"
+    assert input_4["messages"] == [edited]
+    assert input_4["state"] == input_1["state"] == {"before": True}
+    # Then a run without parentRunId continues the latest run, the edit.
+    after = await ended(
+        await gateway.bridge.start("ok", thread, subject="tester", messages=[USER_2])
+    )
+    assert bench.agent.inputs[-1]["parentRunId"] == edit.run_id
+    assert bench.agent.inputs[-1]["messages"][0] == edited
+
+    tree = RunTree(await gateway.store.runs(thread))
+    assert [r.run_id for r in tree.children("run-0")] == [first.run_id, edit.run_id]
+    assert [r.run_id for r in tree.children(first.run_id)] == [second.run_id, again.run_id]
+    assert [r.run_id for r in tree.path(after.run_id)] == ["run-0", edit.run_id, after.run_id]
+    assert {r.run_id: r.preview for r in tree.runs}[edit.run_id] == "something else"
+
+    with pytest.raises(UnknownRun):
+        await gateway.bridge.start("ok", thread, subject="tester", parent_run_id="nope")
 
 
 @pytest.mark.parametrize("name", list(FAILURES))

@@ -279,6 +279,24 @@ def test_run_prints_the_transcript_and_the_next_run_has_the_thread(
     started_at = [r["offset"] for r in records if r["event"]["type"] == "RUN_STARTED"]
     assert [r["first"] for r in listed] == started_at
 
+    # A regenerate of the second answer: a run from the first run's branch.
+    third = ok(
+        "run", "--agent", "ok", "--thread", thread, "--message", "and again",
+        "--parent-run-id", run_id, "--url", gateway.url, "--color", "never",
+    )  # fmt: skip
+    sent3 = inputs_of(agent, thread)[-1]
+    assert sent3["parentRunId"] == run_id
+    assert sent3["messages"][:-1] == sent2["messages"][:-1]
+    assert f"run {sent3['runId']} of ok" in third.err, third.err
+    assert ok("runs", thread, "--url", gateway.url).out.splitlines() == [
+        f"{run_id}  finished  'hello'",
+        f"├─ {sent2['runId']}  finished  'and again'",
+        f"└─ {sent3['runId']}  finished  'and again'",
+    ]
+    unknown = cli("run", "--agent", "ok", "--thread", thread, "--parent-run-id", "nope",
+                  "--url", gateway.url)  # fmt: skip
+    assert (unknown.code == 1 and "unknown_run" in unknown.err) or "no run 'nope'" in unknown.err
+
 
 def test_detach_then_cancel(gateways: Gateways, agent: UpstreamAgent) -> None:
     gateway = serve(gateways, agent)

@@ -42,11 +42,13 @@ from typing import Any
 
 from ...agui.patch import YIELD_WORK, StateLimits, WorkBudget
 from ...agui.reducer import ThreadState
+from ...agui.runs import RunInfo, RunTree
 from ...errors import (
     OffsetExpired,
     StoreUnavailable,
     SubscriptionLagged,
     ThreadReset,
+    UnknownRun,
 )
 from ...store.contract import Entry, FeedSubscription, ThreadStore
 from ...wire.codec import Encoding
@@ -64,7 +66,7 @@ from ..writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
 from .catchup import FIRST_PAGE, RESET_WAIT, CatchUps
 from .checkpoints import Checkpointer
 from .entries import EntryReader
-from .history import LOAD_ATTEMPTS, fold_history
+from .history import LOAD_ATTEMPTS, Branch, fold_history
 from .members import Member, Phase, Subscriber
 from .recent import DEFAULT_RECENT_BUDGET, RecentBounds, RecentBudget, RecentEntries
 
@@ -615,15 +617,34 @@ class Hub:
             thread, events, event_ids, work=work, values_checked=values_checked
         )
 
-    async def fold(self, thread: str) -> tuple[ThreadState, str | None, Offset]:
-        """The thread as stored now, folded: ``(state, epoch, cursor)``.
+    async def fold(
+        self, thread: str, branch: str | None = None
+    ) -> tuple[ThreadState, str | None, Offset]:
+        """The thread as stored now, folded: ``(state, epoch, cursor)``; with
+        *branch* (a run id), only the runs from the root of its tree to that
+        run, up to its end.
 
         Read from its checkpoint on, as a channel loads; nothing is kept (the
-        HTTP bridge builds a run's input from it). Raises a
-        :class:`~agui_hub.errors.StoreError` when the store fails.
+        HTTP bridge builds a run's input from it). Raises
+        :class:`~agui_hub.errors.UnknownRun` when *branch* is no run of the
+        thread, a :class:`~agui_hub.errors.StoreError` when the store fails.
         """
-        folded = await fold_history(self.store, thread, self.limits, EntryReader(thread), None)
+        path = None
+        if branch is not None:
+            try:
+                path = Branch.of(RunTree(await self.store.runs(thread)), branch)
+            except KeyError:
+                raise UnknownRun(
+                    f"thread {thread!r} has no run {branch!r} (the runs command lists them)"
+                ) from None
+        folded = await fold_history(
+            self.store, thread, self.limits, EntryReader(thread), None, path
+        )
         return folded.state, folded.epoch, folded.cursor
+
+    async def runs(self, thread: str) -> list[RunInfo]:
+        """The thread's index of runs, from the store."""
+        return await self.store.runs(thread)
 
     def stats(self) -> dict[str, int]:
         """Counts an operator (and the leak tests) look at."""

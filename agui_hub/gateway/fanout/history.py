@@ -12,14 +12,15 @@ from dataclasses import dataclass
 
 from ...agui.patch import YIELD_WORK, StateLimits
 from ...agui.reducer import ThreadState
+from ...agui.runs import RunTree
 from ...errors import StoreUnavailable
-from ...store.contract import ThreadStore
+from ...store.contract import Checkpoint, Entry, ThreadStore
 from ...wire.offsets import START, Offset, offset_key
 from .checkpoints import fold_checkpoint
 from .entries import EntryReader
 from .recent import RecentBounds, RecentEntries
 
-__all__ = ["LOAD_ATTEMPTS", "LOAD_PAGE", "FoldedHistory", "fold_history"]
+__all__ = ["LOAD_ATTEMPTS", "LOAD_PAGE", "Branch", "FoldedHistory", "fold_history"]
 
 LOAD_PAGE = 5000
 """Entries read per store round trip while a channel folds its thread."""
@@ -45,23 +46,66 @@ class FoldedHistory:
     """The size of the checkpoint the fold started from (0: it started from none)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One branch of a thread's tree of runs: the runs from the root to a run.
+
+    Its events are those of its runs, and those stored before any run;
+    *until* (its last run's end, ``None`` while that run goes on) is where
+    the branch stops. Make it with :meth:`of`.
+    """
+
+    runs: frozenset[str]
+    until: tuple[int, int] | None
+    others_from: tuple[int, int] | None
+    """Where the first run that is not on the branch started (``None``: none
+    did): a checkpoint at or after it folds events of another branch."""
+
+    @classmethod
+    def of(cls, tree: RunTree, run_id: str) -> Branch:
+        """The branch that ends with *run_id* (``KeyError``: no such run)."""
+        path = tree.path(run_id)
+        runs = frozenset(r.run_id for r in path)
+        last = path[-1]
+        others = [offset_key(r.first) for r in tree.runs if r.run_id not in runs]
+        return cls(
+            runs,
+            offset_key(last.last) if last.last is not None and last.status != "running" else None,
+            min(others) if others else None,
+        )
+
+    def keeps(self, entry: Entry) -> bool:
+        """Whether *entry* belongs to the branch (its run, or no run at all)."""
+        return not entry.run_id or entry.run_id in self.runs
+
+    def covers(self, checkpoint: Checkpoint) -> bool:
+        """Whether *checkpoint* folds this branch's events only."""
+        return self.others_from is None or offset_key(checkpoint.offset) < self.others_from
+
+
 async def fold_history(
     store: ThreadStore,
     thread: str,
     limits: StateLimits,
     reader: EntryReader,
     recent: RecentBounds | None,
+    branch: Branch | None = None,
 ) -> FoldedHistory:
     """Fold *thread* as stored now into a new state under *limits*.
 
     *reader* folds the entries (and logs those it skips); with *recent*
     bounds, the last entries read are kept, so that viewers that resume right
-    after a restart are served from memory. Raises
+    after a restart are served from memory. With *branch*, only its events
+    are folded, up to its end (a checkpoint serves only when it holds no
+    other branch's events). Raises
     :class:`~agui_hub.errors.StoreUnavailable` when the thread was re-created
     :data:`LOAD_ATTEMPTS` times while being read, or whatever
     :class:`~agui_hub.errors.StoreError` the store raises.
     """
     checkpoint = await store.get_checkpoint(thread)
+    if checkpoint is not None and branch is not None and not branch.covers(checkpoint):
+        checkpoint = None
+    until = branch.until if branch is not None else None
     bounds = recent or RecentBounds()
     for _attempt in range(LOAD_ATTEMPTS):
         state = ThreadState(limits=limits)
@@ -89,7 +133,15 @@ async def fold_history(
                 complete = False  # trimmed before it could be folded
                 if page.trimmed is not None:
                     kept = RecentEntries(page.trimmed, bounds)  # what follows is contiguous
+            ended = False
             for entry in page.entries:
+                if branch is not None:
+                    if until is not None and offset_key(entry.offset) > until:
+                        ended = True  # the branch's last run ended before it
+                        break
+                    after = entry.offset
+                    if not branch.keeps(entry):
+                        continue
                 reader.measure(entry)
                 if not reader.fold(state, entry):
                     complete = False
@@ -99,6 +151,8 @@ async def fold_history(
                 if folded % LOAD_PAGE == 0 or state.work - worked >= YIELD_WORK:
                     worked = state.work
                     await asyncio.sleep(0)  # a long fold lets everything else run
+            if ended:
+                break
             if page.entries:
                 after = page.entries[-1].offset
             elif page.trimmed is not None and offset_key(page.trimmed) > offset_key(after):
