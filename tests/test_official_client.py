@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from agui_hub.agui.reducer import fold
 from agui_hub.cli.demo import demo_run
 from agui_hub.client.hub_client import HubClient, Subscribed
 from agui_hub.client.publisher import Publisher
@@ -652,3 +654,66 @@ async def test_a_second_connect_agent_adds_no_duplicates(gateways: Gateways) -> 
     await assert_equal_to_reducer(report, gateway.url, thread)
     ids = [m["id"] for m in report["messages"]]
     assert len(ids) == len(set(ids)) == 18
+
+
+# -- branches ------------------------------------------------------------------------------------
+
+
+async def branch_view(url: str, thread: str, branch: str) -> dict[str, Any]:
+    """The hub's snapshot of one branch (a branch subscription from a snapshot), as JSON."""
+    async with (
+        HubClient(url, encoding="json") as hub,
+        hub.subscribe(thread, "snapshot", branch=branch, state=True) as sub,
+    ):
+        async with asyncio.timeout(WAIT):
+            async for item in sub:
+                if not isinstance(item, Subscribed):
+                    break  # the snapshot
+        assert sub.state is not None
+        view = {"messages": sub.state.messages, "state": sub.state.state}
+    return json.loads(json.dumps(view))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_the_official_client_on_a_branch_ends_with_the_hubs_branch_snapshot(
+    gateways: Gateways, seed: int
+) -> None:
+    """Random trees of runs: HubAgent on one branch (from the start, and from a
+    snapshot) ends with the same messages and state as the hub's snapshot of that
+    branch, which is the fold of the runs on the branch's path."""
+    rng = random.Random(seed)
+    gateway = gateways.start(None)
+    thread = new_thread()
+    parents: dict[str, str | None] = {}
+    events: dict[str, list[Event]] = {}
+    previous: str | None = None
+    for i in range(6):
+        run_id = f"{thread}-r{i}"
+        run = demo_events(thread, run_id)
+        named = rng.choice([None, *parents]) if parents else None
+        if named is not None:
+            run[0] = {**run[0], "parentRunId": named}
+        parents[run_id] = named if named is not None else previous
+        events[run_id] = run
+        previous = run_id
+        await publish(gateway.url, thread, run)
+    children = {p for p in parents.values() if p is not None}
+    leaves = [r for r in parents if r not in children]
+    assert len(leaves) >= 2, parents  # a tree with branches (the seeds make sure)
+    for leaf, start in zip(leaves[-2:], ["start", "snapshot"], strict=False):
+        path: list[str] = []
+        at: str | None = leaf
+        while at is not None:
+            path.append(at)
+            at = parents[at]
+        expected = fold([e for run in reversed(path) for e in events[run]])
+        hub = await branch_view(gateway.url, thread, leaf)
+        assert hub == json.loads(
+            json.dumps({"messages": expected.messages, "state": expected.state})
+        )
+        config = {"from": start, "encoding": "json", "branch": leaf}
+        async with node_agent(gateway.url, thread, [{"op": "connect"}], **config) as agent:
+            report = await agent.result()
+        assert_clean(report)
+        assert report["state"] == hub["state"]
+        assert report["messages"] == hub["messages"], (leaf, path)

@@ -232,13 +232,19 @@ class HubClient:
         start: StartFrom = "live",
         *,
         run: str | None = None,
+        branch: str | None = None,
         expand_chunks: bool = False,
         state: bool = False,
         max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> Subscription:
         """Follow *thread* from *start*; iterate the result for its items.
 
-        *run* keeps only that run's events. *expand_chunks* turns chunk events
+        *run* keeps only that run's events. *branch* (a run id) keeps only the
+        branch that ends with that run, then the runs that continue it as they
+        start (snapshots fold that branch only; :attr:`Subscription.branch`
+        follows its latest run, and a resume asks for it): one version of a
+        conversation with regenerated or edited turns (docs/protocol.md).
+        *expand_chunks* turns chunk events
         into START / CONTENT / END; *state* keeps :attr:`Subscription.state`
         folded. At most *max_queue* items wait for the consumer; past that the
         subscription stops taking frames and resubscribes from where it
@@ -250,10 +256,12 @@ class HubClient:
             raise ValueError('start is "live", "start", "snapshot" or a Position')
         if thread in self._subscriptions:
             raise ValueError(f"already subscribed to thread {thread!r} on this client")
+        if run is not None and branch is not None:
+            raise ValueError("run and branch do not go together")
         if max_queue < 2:
             raise ValueError("max_queue must be at least 2")
         return Subscription(
-            self, thread, start, host=self._subscriptions, run=run,
+            self, thread, start, host=self._subscriptions, run=run, branch=branch,
             expand_chunks=expand_chunks, state=state, max_queue=max_queue,
         )  # fmt: skip
 

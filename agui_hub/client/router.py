@@ -131,9 +131,10 @@ class SubscriptionRouter:
                 return True
             if code == "not_subscribed":
                 return True  # an unsubscribe the gateway had done already (a retried one)
-        if command_id is None and code == "forbidden" and sub is not None:
+        if command_id is None and code in ("forbidden", "unknown_run") and sub is not None:
             # The gateway ended the subscription: the connection's grants (after a
-            # refresh) no longer cover the thread. Not resubscribed on reconnect.
+            # refresh) no longer cover the thread, or the branch it followed is
+            # gone (the thread was re-created). Not resubscribed on reconnect.
             sub._fail(CommandRejected(code, message, thread))
             self._subs.pop(sub.thread, None)
             return True

@@ -144,6 +144,7 @@ class Subscription:
         *,
         host: SubscriptionHost,
         run: str | None,
+        branch: str | None = None,
         expand_chunks: bool,
         state: bool,
         max_queue: int,
@@ -155,6 +156,9 @@ class Subscription:
         self.thread = thread
         self.start = start
         self.run = run
+        self.branch = branch
+        """The branch followed: its latest run, as far as received (it moves to
+        each run that continues it; a resubscription asks for this one)."""
         self.max_queue = max_queue
         self.position: Position | None = start if isinstance(start, Position) else None
         """Resume here to get exactly what was not yielded yet (``None``: not known yet)."""
@@ -328,6 +332,8 @@ class Subscription:
         }
         if self.run is not None:
             command["run"] = self.run
+        if self.branch is not None:
+            command["branch"] = self.branch
         return command
 
     def _untrusted(self, epoch: Any, recovered: bool) -> bool:
@@ -430,4 +436,10 @@ class Subscription:
             self._lagged = True
             return
         epoch = received.epoch if received is not None else None
+        if self.branch is not None and event.get("type") == "RUN_STARTED":
+            run_id = event.get("runId")
+            if isinstance(run_id, str) and run_id:
+                # Sent on a branch, so it continues it: resume with it from now on
+                # (its branch holds the one before).
+                self.branch = run_id
         self._push(ThreadEvent(self.thread, offset, event), Position(offset, epoch))

@@ -703,7 +703,9 @@ class CommandHandler:
             return
         session.threads.add(thread)
         try:
-            recovered = await hub.subscribe(session, thread, command.id, command.start, command.run)
+            recovered = await hub.subscribe(
+                session, thread, command.id, command.start, command.run, command.branch
+            )
         except BaseException:
             session.threads.discard(thread)
             hub.unsubscribe(session, thread)

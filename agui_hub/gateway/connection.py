@@ -333,6 +333,9 @@ class Connection:
             # Shielded: a cancelled waiter must not cancel the others' future.
             await asyncio.shield(self._drain)
 
+    def ended(self, thread: str) -> None:
+        self.threads.discard(thread)
+
     def close_soon(self, code: CloseCode, reason: str) -> None:
         if self.state is ConnectionState.OPEN:
             self.gateway.counters.closes[int(code)] += 1

@@ -99,6 +99,10 @@ class SseStream:
                 self._drain = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._drain)
 
+    def ended(self, thread: str) -> None:
+        # A stream follows one thread: without it, nothing is left to send.
+        self.close_soon(CloseCode.SERVICE_RESTART, "subscription ended: reconnect")
+
     def close_soon(self, code: CloseCode, reason: str) -> None:
         if self.is_open:
             self.close_reason = (code, reason)

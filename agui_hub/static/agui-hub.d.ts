@@ -104,6 +104,10 @@ export interface SubscribeOptions {
     from?: Start;
     /** Only this run's events (snapshots are not filtered). */
     run?: string;
+    /** Only the branch of the thread's tree of runs that ends with this run, then the runs
+     * that continue it (snapshots fold that branch only). `sub.branch` follows its latest
+     * run, and a resume asks for it. Not with `run`. */
+    branch?: string;
     /** Called synchronously with each item, in order. With it, items are not buffered for an
      * iterator unless one is created. */
     onItem?: (item: Item, sub: Subscription) => void;
@@ -186,6 +190,8 @@ export declare function checkThread(thread: string): string;
 export declare class Subscription implements AsyncIterable<Item> {
     #private;
     readonly thread: string;
+    /** The branch followed: its latest run as received (undefined: no branch). */
+    branch: string | undefined;
     /** The resume position after the last item handed out (the start until one is known). */
     get position(): Position | "live" | "start" | "snapshot";
     /** The `recovered` flag of the latest `subscribed` item handed out. */

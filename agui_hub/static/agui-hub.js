@@ -1586,6 +1586,8 @@ var Subscription = class {
   #client;
   #start;
   #run;
+  /** The branch followed: its latest run as received (undefined: no branch). */
+  branch;
   #maxBuffer;
   #handed;
   #recovered = null;
@@ -1638,10 +1640,17 @@ var Subscription = class {
     if (options.run !== void 0 && typeof options.run !== "string") {
       throw new HubError("run is a string");
     }
+    if (options.branch !== void 0 && (typeof options.branch !== "string" || !options.branch)) {
+      throw new HubError("branch is a run id");
+    }
+    if (options.run !== void 0 && options.branch !== void 0) {
+      throw new HubError("run and branch do not go together");
+    }
     this.#client = client;
     this.thread = thread;
     this.#start = typeof start === "string" ? start : { offset: start.offset, epoch: start.epoch ?? null };
     this.#run = options.run;
+    this.branch = options.branch;
     this.#maxBuffer = maxBuffer;
     this.#handed = typeof this.#start === "string" ? null : this.#start;
     this.received = this.#handed;
@@ -1821,6 +1830,7 @@ var Subscription = class {
     else start = { offset: received.offset, epoch: received.epoch };
     const command = { type: "subscribe", id, thread: this.thread, from: start };
     if (this.#run !== void 0) command.run = this.#run;
+    if (this.branch !== void 0) command.branch = this.branch;
     return command;
   }
   /** @internal A frame of this thread could not be read (a malformed frame, or one the
@@ -1953,6 +1963,10 @@ var Subscription = class {
       return false;
     }
     this.#malformed = 0;
+    if (this.branch !== void 0 && event.type === "RUN_STARTED") {
+      const runId = event.runId;
+      if (typeof runId === "string" && runId) this.branch = runId;
+    }
     const position = { offset, epoch: received !== null ? received.epoch : null };
     this.#push(
       { kind: "event", thread: this.thread, offset, event },
@@ -2679,7 +2693,7 @@ var HubClient = class {
       }
       return;
     }
-    if (id === null && code === "forbidden" && sub !== void 0) {
+    if (id === null && (code === "forbidden" || code === "unknown_run") && sub !== void 0) {
       this.#subs.delete(sub.thread);
       sub._end(this.#commandError(frame));
       return;

@@ -150,6 +150,8 @@ class Subscribe:
     thread: str
     start: Start
     run: str | None = None
+    branch: str | None = None
+    """Only the branch whose latest run is this one (docs/protocol.md, subscribe)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,8 +324,15 @@ def parse_command(
         run = frame.get("run")
         if run is not None and not isinstance(run, str):
             raise CommandError("bad_command", "run must be a string", command_id)
+        branch = _run_id(frame, command_id, "branch")
+        if run is not None and branch is not None:
+            raise CommandError("bad_command", "run and branch do not go together", command_id)
         return Subscribe(
-            command_id, _thread(frame, command_id), _start(frame.get("from"), command_id), run
+            command_id,
+            _thread(frame, command_id),
+            _start(frame.get("from"), command_id),
+            run,
+            branch,
         )
     if kind == "unsubscribe":
         return Unsubscribe(command_id, _thread(frame, command_id))

@@ -53,6 +53,9 @@ export interface HubAgentConfig extends AgentConfig {
   onStatus?: (status: ConnectionStatus) => void;
   /** Where the first connect() starts: the whole thread ("start", default) or a snapshot. */
   from?: "start" | "snapshot";
+  /** Follow one branch of the thread's tree of runs: the one that ends with this run,
+   * then the runs that continue it (the hub's `branch` subscription). */
+  branch?: string;
   /**
    * "run" (default): connect() completes once the thread is caught up and no
    * run is active (attached to a running run: at its end). "forever": it
@@ -726,7 +729,11 @@ export class HubAgent extends AbstractAgent {
     this.hub = config;
     this.follow = config.follow ?? "run";
     this.position = config.from ?? "start";
+    this.branch = config.branch;
   }
+
+  /** The branch followed (its latest run as received), when the config asked for one. */
+  branch: string | undefined;
 
   /** @internal */
   savePosition(position: Subscription["position"], state: StreamState): void {
@@ -802,7 +809,10 @@ export class HubAgent extends AbstractAgent {
       const feed = new Feed(this, out, mode, from, input, onSubscribed);
       let sub: Subscription;
       try {
-        sub = client.subscribe(this.threadId, { from });
+        sub = client.subscribe(
+          this.threadId,
+          this.branch === undefined ? { from } : { from, branch: this.branch },
+        );
       } catch (error) {
         if (own) void client.close().catch(() => undefined);
         out.error(error);
@@ -813,6 +823,7 @@ export class HubAgent extends AbstractAgent {
           for await (const item of sub) {
             if (stopped) return;
             feed.take(item, sub);
+            if (sub.branch !== undefined) this.branch = sub.branch; // resume on its latest run
             if (feed.finished) {
               stopped = true;
               out.complete();

@@ -112,6 +112,10 @@ export interface SubscribeOptions {
   from?: Start;
   /** Only this run's events (snapshots are not filtered). */
   run?: string;
+  /** Only the branch of the thread's tree of runs that ends with this run, then the runs
+   * that continue it (snapshots fold that branch only). `sub.branch` follows its latest
+   * run, and a resume asks for it. Not with `run`. */
+  branch?: string;
   /** Called synchronously with each item, in order. With it, items are not buffered for an
    * iterator unless one is created. */
   onItem?: (item: Item, sub: Subscription) => void;
@@ -401,6 +405,8 @@ export class Subscription implements AsyncIterable<Item> {
   readonly #client: HubClient;
   readonly #start: Start;
   readonly #run: string | undefined;
+  /** The branch followed: its latest run as received (undefined: no branch). */
+  branch: string | undefined;
   readonly #maxBuffer: number;
   #handed: Position | null;
   #recovered: boolean | null = null;
@@ -448,11 +454,18 @@ export class Subscription implements AsyncIterable<Item> {
     if (options.run !== undefined && typeof options.run !== "string") {
       throw new HubError("run is a string");
     }
+    if (options.branch !== undefined && (typeof options.branch !== "string" || !options.branch)) {
+      throw new HubError("branch is a run id");
+    }
+    if (options.run !== undefined && options.branch !== undefined) {
+      throw new HubError("run and branch do not go together");
+    }
     this.#client = client;
     this.thread = thread;
     this.#start =
       typeof start === "string" ? start : { offset: start.offset, epoch: start.epoch ?? null };
     this.#run = options.run;
+    this.branch = options.branch;
     this.#maxBuffer = maxBuffer;
     this.#handed = typeof this.#start === "string" ? null : this.#start;
     this.received = this.#handed;
@@ -655,6 +668,7 @@ export class Subscription implements AsyncIterable<Item> {
     else start = { offset: received.offset, epoch: received.epoch };
     const command: Frame = { type: "subscribe", id, thread: this.thread, from: start };
     if (this.#run !== undefined) command.run = this.#run;
+    if (this.branch !== undefined) command.branch = this.branch;
     return command;
   }
 
@@ -807,6 +821,11 @@ export class Subscription implements AsyncIterable<Item> {
       return false;
     }
     this.#malformed = 0;
+    if (this.branch !== undefined && (event as Frame).type === "RUN_STARTED") {
+      const runId = (event as Frame).runId;
+      // Sent on the branch, so it continues it: resume with it from now on.
+      if (typeof runId === "string" && runId) this.branch = runId;
+    }
     const position = { offset: offset as string, epoch: received !== null ? received.epoch : null };
     this.#push(
       { kind: "event", thread: this.thread, offset: offset as string, event: event as AguiEvent },
@@ -1638,9 +1657,10 @@ export class HubClient {
       }
       return; // not_subscribed: it was done already
     }
-    if (id === null && code === "forbidden" && sub !== undefined) {
+    if (id === null && (code === "forbidden" || code === "unknown_run") && sub !== undefined) {
       // The gateway ended the subscription: the connection's grants (after a refresh) no
-      // longer cover the thread. Not resubscribed on reconnect.
+      // longer cover the thread, or the branch it followed is gone (the thread was
+      // re-created). Not resubscribed on reconnect.
       this.#subs.delete(sub.thread);
       sub._end(this.#commandError(frame));
       return;

@@ -99,6 +99,7 @@ const agent = new HubAgent({
   encoding: config.encoding ?? "msgpack",
   WebSocket,
   from: config.from ?? "start",
+  branch: config.branch,
   follow: config.follow ?? "run",
   clientOptions: config.clientOptions ?? { backoffMin: 50, backoffMax: 300 },
   onStatus: (status) => say({ status: status.state, reconnects: status.reconnects }),

@@ -1518,6 +1518,39 @@ async def test_run_filter_survives_a_reconnect(mem: Env, encoding: str) -> None:
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_a_branch_survives_a_reconnect(mem: Env, encoding: str) -> None:
+    """Resumed on its branch: nothing lost, nothing of another branch, and
+    the runs that continued the branch while the connection was down."""
+    gateway = await mem.gateway()
+    thread = "branches"
+    writer = mem.writer()
+
+    def run(run_id: str, parent: str) -> list[dict[str, Any]]:
+        events = run_events(thread, run_id, turns=1)
+        events[0] = {**events[0], "parentRunId": parent}
+        return events
+
+    await publish_all(writer, thread, run_events(thread, "r1", turns=1))
+    await publish_all(writer, thread, run("r2", "r1"))
+    offsets3 = await publish_all(writer, thread, run("r3", "r1"))
+    client = await mem.client(gateway, encoding, backoff_min=0.02, backoff_max=0.1)
+    sub = await client.subscribe(thread, "start", branch="r3").open()
+    got = await take_until_offset(sub, offsets3[-1])
+    seen = thread_events([i for i, _ in got])
+    assert {e.get("runId") for _, e in seen if "runId" in e} == {"r1", "r3"}
+    server_connection(gateway, client).close_soon(CloseCode.SERVICE_RESTART, "restart")
+    offsets4 = await publish_all(writer, thread, run("r4", "r3"))  # continues the branch
+    await publish_all(writer, thread, run("r5", "r2"))  # another branch
+    offsets6 = await publish_all(writer, thread, run("r6", "r4"))
+    got = await take_until_offset(sub, offsets6[-1])
+    events = thread_events([i for i, _ in got])
+    assert {e.get("runId") for _, e in events if "runId" in e} == {"r4", "r6"}
+    assert [o for o, _ in events] == offsets4 + offsets6  # every one, once, in order
+    assert sub.branch == "r6"
+    await sub.close()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_subscribe_from_a_position_of_another_epoch(env: Env, encoding: str) -> None:
     gateway = await env.gateway()
     thread = "other-epoch"

@@ -1362,6 +1362,89 @@ async def test_runs_lists_the_tree_of_runs(harness: Harness) -> None:
         assert bad["type"] == "error" and bad["code"] == "bad_command", (limit, bad)
 
 
+def turn(thread: str, run: str, text: str, parent: str | None = None) -> list[Event]:
+    """One run answering with one message *text* (message id ``m-<run>``)."""
+    started: Event = {"type": "RUN_STARTED", "threadId": thread, "runId": run}
+    if parent is not None:
+        started["parentRunId"] = parent
+    message = f"m-{run}"
+    return [
+        started,
+        {"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": text},
+        {"type": "TEXT_MESSAGE_END", "messageId": message},
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": run},
+    ]
+
+
+def texts(messages: list[Any]) -> list[str]:
+    return [m["content"] for m in messages]
+
+
+async def test_a_branch_subscription_sees_its_branch_only(harness: Harness) -> None:
+    gateway = await harness.gateway()
+    publisher = await harness.client(gateway)
+    thread = "branchy"
+    first = turn(thread, "r1", "a")
+    first.insert(1, {"type": "STATE_SNAPSHOT", "snapshot": {"shared": True}})
+    await publisher.publish(thread, first)
+    await publisher.publish(thread, turn(thread, "r2", "b"))  # continues r1
+    last_r3 = (await publisher.publish(thread, turn(thread, "r3", "c", parent="r1")))[-1]
+
+    on_r2, on_r3, whole = [await harness.client(gateway) for _ in range(3)]
+    await on_r2.subscribe(thread, "start", branch="r2")
+    await on_r3.subscribe(thread, "start", branch="r3")
+    await whole.subscribe(thread, "start")
+    # Live: r4 continues r3 (named), r5 continues the run before it (r4): both
+    # extend r3's branch; r6 regenerates r2's answer (another branch).
+    await publisher.publish(thread, turn(thread, "r4", "d", parent="r3"))
+    await publisher.publish(thread, turn(thread, "r5", "e"))
+    end = (await publisher.publish(thread, turn(thread, "r6", "f", parent="r1")))[-1]
+
+    def answers(frames: list[Frame]) -> list[str]:
+        return texts(folded([e for _, e in events_of(frames, thread)])[0])
+
+    all_frames = await whole.until_offset(thread, end)
+    assert answers(all_frames) == ["a", "b", "c", "d", "e", "f"]
+    r3_frames = await on_r3.collect(
+        lambda f: f["type"] == "event" and f["event"]["type"] == "RUN_FINISHED"
+        and f["event"]["runId"] == "r5"
+    )  # fmt: skip
+    assert answers(r3_frames) == ["a", "c", "d", "e"]
+    assert folded([e for _, e in events_of(r3_frames)])[1] == {"shared": True}
+    # r2's viewer got a, b; then nothing of r3..r6 (r6 continues r1, not r2).
+    await on_r2.ping()
+    r2_frames = list(on_r2.pending)
+    assert answers(r2_frames) == ["a", "b"]
+
+    # A snapshot on a branch folds that branch only.
+    late = await harness.client(gateway)
+    await late.subscribe(thread, "snapshot", branch="r6")
+    snap = await late.recv()
+    assert snap["type"] == "snapshot"
+    assert texts(folded(snap["events"])[0]) == ["a", "f"]
+    assert folded(snap["events"])[1] == {"shared": True}
+
+    # Resume on a branch from before its extension: what extended it comes along.
+    again = await harness.client(gateway)
+    epoch = (await whole.subscribe(thread, "live"))["epoch"]
+    await again.subscribe(thread, {"offset": last_r3, "epoch": epoch}, branch="r3")
+    resumed = await again.collect(
+        lambda f: f["type"] == "event" and f["event"]["type"] == "RUN_FINISHED"
+        and f["event"]["runId"] == "r5"
+    )  # fmt: skip
+    assert answers(resumed) == ["d", "e"]
+
+    unknown = await late.request(
+        {"type": "subscribe", "thread": "branchy", "from": "live", "branch": "nope"}
+    )
+    assert unknown["type"] == "error" and unknown["code"] == "unknown_run", unknown
+    both = await late.request(
+        {"type": "subscribe", "thread": thread, "from": "live", "branch": "r1", "run": "r1"}
+    )
+    assert both["type"] == "error" and both["code"] == "bad_command", both
+
+
 # -- thread re-created ----------------------------------------------------------------------
 
 

@@ -144,6 +144,8 @@ class CatchUps:
         """Send *entry* to *sub* (if its run filter wants it); ``False``: the queue is full."""
         if member.run is not None and entry.run_id != member.run:
             return True
+        if member.branch is not None and not member.branch.admits(entry):
+            return True
         frame = self._reader.frame(entry, sub.encoding, None)
         return True if frame is None else sub.send(frame)
 

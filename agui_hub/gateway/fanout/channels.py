@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...agui.patch import YIELD_WORK, StateLimits, WorkBudget
@@ -59,14 +60,16 @@ from ...wire.protocol import (
     Start,
     StartKind,
     encode_frame,
+    error_frame,
     snapshot_frame,
     subscribed_frame,
 )
 from ..writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
+from .branches import Branch, branch_head
 from .catchup import FIRST_PAGE, RESET_WAIT, CatchUps
 from .checkpoints import Checkpointer
 from .entries import EntryReader
-from .history import LOAD_ATTEMPTS, Branch, fold_history
+from .history import LOAD_ATTEMPTS, fold_history
 from .members import Member, Phase, Subscriber
 from .recent import DEFAULT_RECENT_BUDGET, RecentBounds, RecentBudget, RecentEntries
 
@@ -81,6 +84,28 @@ YIELD_BYTES = 256 * 1024
 
 class _Reload(Exception):
     """The channel was reset or closed while a join waited: start the join again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What a joining subscriber asked to see: one run, one branch, or everything."""
+
+    run: str | None
+    tree: RunTree | None
+    branch: str | None
+
+    def reply_offset(self, cursor: Offset) -> Offset:
+        """The ``offset`` of a history join's reply: the thread's (the cursor), or
+        on a branch, the branch's newest event (see :func:`branch_head`)."""
+        if self.tree is None or self.branch is None:
+            return cursor
+        return branch_head(self.tree, self.branch)
+
+    def branch_at(self, at: Offset) -> Branch | None:
+        """The branch to judge the entries after *at* with (``None``: no branch)."""
+        if self.tree is None or self.branch is None:
+            return None
+        return Branch.of(self.tree, self.branch, follow=True, at=at)
 
 
 class ThreadChannel:
@@ -240,12 +265,29 @@ class ThreadChannel:
             if member.phase is Phase.JOINING:
                 continue  # its join notices the new generation and replies itself
             self._catch_ups.stop(member)
+            if member.branch is not None:
+                # A new epoch has none of the old one's runs: the branch is gone.
+                del self.members[sub]
+                sub.ended(self.thread)
+                self._send(
+                    sub,
+                    error_frame(
+                        "unknown_run",
+                        f"subscription to thread {self.thread!r} ended: the thread was "
+                        "re-created and its runs are gone; subscribe again",
+                        None,
+                        self.thread,
+                    ),
+                )
+                continue
             member.phase = Phase.LIVE
             member.set_last(self.cursor)
             # Both, whatever the queue says: a resync without its snapshot would
             # leave the client with the old epoch's state.
             self._send(sub, subscribed_frame(None, self.thread, self.epoch, self.cursor, False))
             sub.send(self._snapshot_bytes(sub.encoding))
+        if not self.members:
+            self.hub._forget(self)  # every member followed a branch that is gone
 
     def request_reset(self, epoch: str | None) -> None:
         """Make the pump reload: the store has another epoch than this channel.
@@ -332,6 +374,8 @@ class ThreadChannel:
             member.last, member.last_offset = key, offset
             if member.run is not None and member.run != run_id:
                 continue
+            if member.branch is not None and not member.branch.admits(entry):
+                continue
             encoding = sub.encoding
             frame = (
                 frames[encoding] if encoding in frames else reader.frame(entry, encoding, frames)
@@ -371,25 +415,50 @@ class ThreadChannel:
 
     # -- subscribers ---------------------------------------------------------------------------
 
-    async def add(self, sub: Subscriber, command_id: Any, start: Start, run: str | None) -> bool:
+    async def add(
+        self,
+        sub: Subscriber,
+        command_id: Any,
+        start: Start,
+        run: str | None,
+        branch: str | None = None,
+    ) -> bool:
         """Subscribe *sub*: the reply first, then history or a snapshot, then live events.
 
         Returns once the reply is queued, with its ``recovered`` flag (``False``: a
         snapshot follows instead of the events after *start*); history follows in
-        the background.
-        Raises :class:`_Reload` when the channel closed while the join waited
-        (the hub then joins a fresh channel).
+        the background. With *branch* (a run id), only the events of the branch
+        that ends with that run, then of the runs that continue it (see
+        :class:`~agui_hub.gateway.fanout.branches.Branch`); its snapshots fold that
+        branch only. Raises :class:`~agui_hub.errors.UnknownRun` for a *branch*
+        that is no run of the thread, :class:`_Reload` when the channel closed
+        while the join waited (the hub then joins a fresh channel).
         """
         await self.ready()
         for _attempt in range(LOAD_ATTEMPTS):
             if self.closed:
                 raise _Reload()
             generation = self.generation
+            tree = None
+            if branch is not None:
+                tree = RunTree(await self.hub.store.runs(self.thread))
+                if branch not in tree.by_id:
+                    raise UnknownRun(
+                        f"thread {self.thread!r} has no run {branch!r} (the runs command "
+                        "lists them)"
+                    )
+                if self.closed or self.generation != generation:
+                    continue
+            view = _View(run, tree, branch)
+            joined: bool | None
             if isinstance(start, Position):
                 if start.epoch is not None and start.epoch != self.epoch:
                     # Another epoch: the client's offsets mean nothing here. (No epoch
                     # at all: an offset someone typed, taken in the current epoch.)
-                    return self._join_with_snapshot(sub, command_id, run, recovered=False)
+                    joined = await self._join_with_snapshot(sub, command_id, view, recovered=False)
+                    if joined is not None:
+                        return joined
+                    continue
                 wanted = offset_key(start.offset)
                 if wanted > offset_key(self.cursor):
                     # Ahead of this process: perhaps another gateway saw more. The
@@ -400,37 +469,51 @@ class ThreadChannel:
                     if wanted > offset_key(head) or self.epoch is None:
                         # Not an offset of this stream: answered like another epoch,
                         # never with a subscription that would wait for it for ever.
-                        return self._join_with_snapshot(sub, command_id, run, recovered=False)
+                        joined = await self._join_with_snapshot(
+                            sub, command_id, view, recovered=False
+                        )
+                        if joined is not None:
+                            return joined
+                        continue
                     if wanted <= offset_key(self.cursor):
                         # The channel relayed past it while we asked: the events
                         # in between come from the store (the history join).
                         continue
                     # Still ahead, and stored: it has everything up to its offset.
-                    return self._join_live(sub, command_id, run, start.offset)
+                    return self._join_live(sub, command_id, view, start.offset)
                 if wanted == offset_key(self.cursor):
-                    return self._join_live(sub, command_id, run, self.cursor)
-                recovered = await self._join_with_history(
-                    sub, command_id, run, start.offset, generation
+                    return self._join_live(sub, command_id, view, self.cursor)
+                joined = await self._join_with_history(
+                    sub, command_id, view, start.offset, generation
                 )
             elif start is StartKind.LIVE:
-                return self._join_live(sub, command_id, run, self.cursor)
+                return self._join_live(sub, command_id, view, self.cursor)
             elif start is StartKind.SNAPSHOT:
-                return self._join_with_snapshot(sub, command_id, run, recovered=True)
+                joined = await self._join_with_snapshot(sub, command_id, view, recovered=True)
             else:
-                recovered = await self._join_with_history(sub, command_id, run, START, generation)
-            if recovered is not None:
-                return recovered
+                joined = await self._join_with_history(sub, command_id, view, START, generation)
+            if joined is not None:
+                return joined
         raise StoreUnavailable(f"thread {self.thread!r} kept being reset; subscribe again")
 
-    def _join_live(self, sub: Subscriber, command_id: Any, run: str | None, at: Offset) -> bool:
-        self.members[sub] = Member(Phase.LIVE, offset_key(at), at, run)
+    def _join_live(self, sub: Subscriber, command_id: Any, view: _View, at: Offset) -> bool:
+        branch = view.branch_at(at)
+        if branch is not None and at == self.cursor:
+            # The index was read before this instant; the channel's own fold
+            # knows the run at its cursor for sure.
+            current = self.state.current_run
+            branch.current = current.run_id if current is not None else None
+        self.members[sub] = Member(Phase.LIVE, offset_key(at), at, view.run, branch)
         self._send(sub, subscribed_frame(command_id, self.thread, self.epoch, self.cursor, True))
         return True
 
-    def _join_with_snapshot(
-        self, sub: Subscriber, command_id: Any, run: str | None, *, recovered: bool
-    ) -> bool:
-        self.members[sub] = Member(Phase.LIVE, offset_key(self.cursor), self.cursor, run)
+    async def _join_with_snapshot(
+        self, sub: Subscriber, command_id: Any, view: _View, *, recovered: bool
+    ) -> bool | None:
+        """Join with a snapshot at the cursor; ``None``: start the join again."""
+        if view.tree is not None:
+            return await self._join_branch_with_snapshot(sub, command_id, view, recovered)
+        self.members[sub] = Member(Phase.LIVE, offset_key(self.cursor), self.cursor, view.run)
         self._send(
             sub, subscribed_frame(command_id, self.thread, self.epoch, self.cursor, recovered)
         )
@@ -439,14 +522,41 @@ class ThreadChannel:
         sub.send(self._snapshot_bytes(sub.encoding))
         return recovered
 
+    async def _join_branch_with_snapshot(
+        self, sub: Subscriber, command_id: Any, view: _View, recovered: bool
+    ) -> bool | None:
+        """A branch's snapshot: its runs folded from the store (the channel's
+        state folds every branch), then what the channel relayed past it."""
+        generation = self.generation
+        branch = view.branch_at(START)
+        assert branch is not None
+        folded = await fold_history(
+            self.hub.store, self.thread, self.hub.limits, EntryReader(self.thread), None, branch
+        )
+        if self.closed or self.generation != generation or folded.epoch != self.epoch:
+            return None  # reset while it read: join again
+        at = folded.cursor
+        member = Member(Phase.LIVE, offset_key(at), at, None, folded.branch)
+        self.members[sub] = member
+        self._send(sub, subscribed_frame(command_id, self.thread, self.epoch, at, recovered))
+        snapshot = snapshot_frame(
+            self.thread, at, self.epoch, folded.state.compact(), folded.complete
+        )
+        sub.send(encode_frame(snapshot, sub.encoding))
+        if member.last < offset_key(self.cursor):
+            # The channel relayed past the fold while it read: the store has the rest.
+            member.phase = Phase.CATCHING_UP
+            self._catch_ups.start(sub, member)
+        return recovered
+
     async def _join_with_history(
-        self, sub: Subscriber, command_id: Any, run: str | None, after: Offset, generation: int
+        self, sub: Subscriber, command_id: Any, view: _View, after: Offset, generation: int
     ) -> bool | None:
         """Join by replaying the events after *after*; returns the reply's ``recovered``
         flag, or ``None``: start the join again."""
-        member = Member(Phase.JOINING, offset_key(after), after, run)
+        member = Member(Phase.JOINING, offset_key(after), after, view.run, view.branch_at(after))
         self.members[sub] = member
-        joined_at = self.cursor
+        joined_at = view.reply_offset(self.cursor)
         recent = self._recent.after(member.last)
         if recent is not None:
             # Everything it lacks is in memory: no read, no await, no reset to mind.
@@ -479,7 +589,7 @@ class ThreadChannel:
         if page.gap:
             # Trimmed: the client cannot get every event after its position.
             del self.members[sub]
-            return self._join_with_snapshot(sub, command_id, run, recovered=False)
+            return await self._join_with_snapshot(sub, command_id, view, recovered=False)
         # The reply, then the history up to the cursor, then live: the epoch and
         # cursor of this instant match the history (no reset since the read).
         member.phase = Phase.CATCHING_UP
@@ -554,10 +664,17 @@ class Hub:
         return self.recent_memory.used
 
     async def subscribe(
-        self, sub: Subscriber, thread: str, command_id: Any, start: Start, run: str | None
+        self,
+        sub: Subscriber,
+        thread: str,
+        command_id: Any,
+        start: Start,
+        run: str | None,
+        branch: str | None = None,
     ) -> bool:
-        """Subscribe *sub* to *thread*; returns once the ``subscribed`` reply is queued,
-        with its ``recovered`` flag (``False``: a snapshot follows)."""
+        """Subscribe *sub* to *thread* (only *branch*'s events, when given: see
+        :meth:`ThreadChannel.add`); returns once the ``subscribed`` reply is
+        queued, with its ``recovered`` flag (``False``: a snapshot follows)."""
         for _attempt in range(LOAD_ATTEMPTS):
             channel = self.channels.get(thread)
             if channel is None:
@@ -575,7 +692,7 @@ class Hub:
                     await channel.close()
                     raise
             try:
-                return await channel.add(sub, command_id, start, run)
+                return await channel.add(sub, command_id, start, run, branch)
             except _Reload:
                 continue  # that channel failed while we joined: a fresh one
             except BaseException:
@@ -632,7 +749,7 @@ class Hub:
         path = None
         if branch is not None:
             try:
-                path = Branch.of(RunTree(await self.store.runs(thread)), branch)
+                path = Branch.of(RunTree(await self.store.runs(thread)), branch, follow=False)
             except KeyError:
                 raise UnknownRun(
                     f"thread {thread!r} has no run {branch!r} (the runs command lists them)"

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 from ...agui.patch import YIELD_WORK, StateLimits
 from ...agui.reducer import ThreadState
-from ...agui.runs import RunTree
 from ...errors import StoreUnavailable
-from ...store.contract import Checkpoint, Entry, ThreadStore
+from ...store.contract import ThreadStore
 from ...wire.offsets import START, Offset, offset_key
+from .branches import Branch
 from .checkpoints import fold_checkpoint
 from .entries import EntryReader
 from .recent import RecentBounds, RecentEntries
 
-__all__ = ["LOAD_ATTEMPTS", "LOAD_PAGE", "Branch", "FoldedHistory", "fold_history"]
+__all__ = ["LOAD_ATTEMPTS", "LOAD_PAGE", "FoldedHistory", "fold_history"]
 
 LOAD_PAGE = 5000
 """Entries read per store round trip while a channel folds its thread."""
@@ -44,43 +44,8 @@ class FoldedHistory:
     budget yet); empty when none were asked for."""
     checkpoint_bytes: int = 0
     """The size of the checkpoint the fold started from (0: it started from none)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Branch:
-    """One branch of a thread's tree of runs: the runs from the root to a run.
-
-    Its events are those of its runs, and those stored before any run;
-    *until* (its last run's end, ``None`` while that run goes on) is where
-    the branch stops. Make it with :meth:`of`.
-    """
-
-    runs: frozenset[str]
-    until: tuple[int, int] | None
-    others_from: tuple[int, int] | None
-    """Where the first run that is not on the branch started (``None``: none
-    did): a checkpoint at or after it folds events of another branch."""
-
-    @classmethod
-    def of(cls, tree: RunTree, run_id: str) -> Branch:
-        """The branch that ends with *run_id* (``KeyError``: no such run)."""
-        path = tree.path(run_id)
-        runs = frozenset(r.run_id for r in path)
-        last = path[-1]
-        others = [offset_key(r.first) for r in tree.runs if r.run_id not in runs]
-        return cls(
-            runs,
-            offset_key(last.last) if last.last is not None and last.status != "running" else None,
-            min(others) if others else None,
-        )
-
-    def keeps(self, entry: Entry) -> bool:
-        """Whether *entry* belongs to the branch (its run, or no run at all)."""
-        return not entry.run_id or entry.run_id in self.runs
-
-    def covers(self, checkpoint: Checkpoint) -> bool:
-        """Whether *checkpoint* folds this branch's events only."""
-        return self.others_from is None or offset_key(checkpoint.offset) < self.others_from
+    branch: Branch | None = None
+    """The branch folded, as of ``cursor`` (a followed one may have grown)."""
 
 
 async def fold_history(
@@ -105,16 +70,18 @@ async def fold_history(
     checkpoint = await store.get_checkpoint(thread)
     if checkpoint is not None and branch is not None and not branch.covers(checkpoint):
         checkpoint = None
-    until = branch.until if branch is not None else None
     bounds = recent or RecentBounds()
     for _attempt in range(LOAD_ATTEMPTS):
         state = ThreadState(limits=limits)
         complete, after = True, START
+        judge = branch.copy() if branch is not None else None
         if checkpoint is not None:
             if fold_checkpoint(state, checkpoint, thread):
                 complete, after = checkpoint.complete, checkpoint.offset
             else:
                 state, checkpoint = ThreadState(limits=limits), None
+        if judge is not None:
+            judge.current = judge.run_at(after)
         epoch: str | None = None
         first, restart, folded = True, False, 0
         worked = state.work  # work units spent when it last let others run
@@ -135,12 +102,12 @@ async def fold_history(
                     kept = RecentEntries(page.trimmed, bounds)  # what follows is contiguous
             ended = False
             for entry in page.entries:
-                if branch is not None:
-                    if until is not None and offset_key(entry.offset) > until:
+                if judge is not None:
+                    if judge.ended_before(entry):
                         ended = True  # the branch's last run ended before it
                         break
                     after = entry.offset
-                    if not branch.keeps(entry):
+                    if not judge.admits(entry):
                         continue
                 reader.measure(entry)
                 if not reader.fold(state, entry):
@@ -161,7 +128,7 @@ async def fold_history(
                 break
         if not restart:
             size = len(checkpoint.events) if checkpoint is not None else 0
-            return FoldedHistory(state, epoch, after, complete, kept, size)
+            return FoldedHistory(state, epoch, after, complete, kept, size, judge)
     raise StoreUnavailable(
         f"thread {thread!r} was re-created {LOAD_ATTEMPTS} times while being read"
     )

@@ -20,6 +20,7 @@ from typing import Protocol
 from ...wire.codec import Encoding
 from ...wire.offsets import Offset, offset_key
 from ...wire.protocol import CloseCode
+from .branches import Branch
 
 __all__ = ["Member", "Phase", "Subscriber"]
 
@@ -50,6 +51,10 @@ class Subscriber(Protocol):
         """Close the connection with *code* (does not wait)."""
         ...
 
+    def ended(self, thread: str) -> None:
+        """The hub ended the subscription to *thread* (after telling the client why)."""
+        ...
+
 
 class Phase(enum.Enum):
     JOINING = "joining"
@@ -66,6 +71,9 @@ class Member:
     """Sort key of the last offset this subscriber has (sent or known)."""
     last_offset: Offset
     run: str | None
+    branch: Branch | None = None
+    """Only this branch's entries (judged in order: it follows the runs that
+    continue it); ``None``: every entry (or *run*'s)."""
     task: asyncio.Task[None] | None = None
     """The catch-up task, while there is one."""
     waiting: bool = False

@@ -1,0 +1,120 @@
+"""agui_hub.gateway.fanout.branches: a branch of a thread's tree of runs, folded.
+
+The property: for random trees of runs, the fold of a branch (what a
+regenerate's input and a branch snapshot are made of) equals the fold of the
+events of the runs on its path, computed here without the hub's index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agui_hub.agui.patch import StateLimits
+from agui_hub.agui.reducer import fold
+from agui_hub.agui.runs import RunTree
+from agui_hub.gateway.fanout.branches import Branch
+from agui_hub.gateway.fanout.entries import EntryReader
+from agui_hub.gateway.fanout.history import fold_history
+from agui_hub.store.contract import EventInput
+from agui_hub.store.memory import MemoryStore
+
+pytestmark = pytest.mark.timeout(120)
+
+THREAD = "tree"
+
+
+def run_events(run: str, parent: str | None, n: int) -> list[dict[str, Any]]:
+    """A run: a user message in its input, an answer, a state change."""
+    started: dict[str, Any] = {
+        "type": "RUN_STARTED",
+        "threadId": THREAD,
+        "runId": run,
+        "input": {
+            "threadId": THREAD,
+            "runId": run,
+            "messages": [{"id": f"u-{run}", "role": "user", "content": f"question {n}"}],
+            "state": {},
+            "tools": [],
+            "context": [],
+        },
+    }
+    if parent is not None:
+        started["parentRunId"] = parent
+    message = f"a-{run}"
+    return [
+        started,
+        {"type": "TEXT_MESSAGE_START", "messageId": message, "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": message, "delta": f"answer {n}"},
+        {"type": "TEXT_MESSAGE_END", "messageId": message},
+        {"type": "STATE_SNAPSHOT", "snapshot": {"last": n, f"seen-{n}": True}},
+        {"type": "RUN_FINISHED", "threadId": THREAD, "runId": run},
+    ]
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> list[tuple[str, str | None, str | None]]:
+    """Runs in the order they start: (run id, parentRunId sent or None, real parent)."""
+    count = draw(st.integers(1, 8))
+    runs: list[tuple[str, str | None, str | None]] = []
+    for i in range(count):
+        run = f"r{i}"
+        if not runs:
+            runs.append((run, None, None))
+            continue
+        named = draw(st.one_of(st.none(), st.sampled_from([r for r, _, _ in runs])))
+        # Without a parentRunId it continues the run started before it.
+        runs.append((run, named, named if named is not None else runs[-1][0]))
+    return runs
+
+
+def path_of(runs: list[tuple[str, str | None, str | None]], run: str) -> list[str]:
+    parents = {r: p for r, _, p in runs}
+    path: list[str] = []
+    current: str | None = run
+    while current is not None:
+        path.append(current)
+        current = parents[current]
+    return path[::-1]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(runs=trees(), pick=st.integers(0, 7), follow=st.booleans())
+def test_a_branch_folds_the_runs_on_its_path(
+    runs: list[tuple[str, str | None, str | None]], pick: int, follow: bool
+) -> None:
+    events = {run: run_events(run, named, i) for i, (run, named, _) in enumerate(runs)}
+    target = runs[pick % len(runs)][0]
+
+    async def main() -> tuple[Any, Any]:
+        store = MemoryStore()
+        for run, _, _ in runs:
+            await store.append(THREAD, [EventInput.of(e, None) for e in events[run]])
+        tree = RunTree(await store.runs(THREAD))
+        assert {r.run_id: r.parent_run_id for r in tree.runs} == {r: p for r, _, p in runs}
+        branch = Branch.of(tree, target, follow=follow)
+        folded = await fold_history(store, THREAD, StateLimits(), EntryReader(THREAD), None, branch)
+        return folded.state, folded.branch
+
+    state, judged = asyncio.run(main())
+    path = path_of(runs, target)
+    if follow:
+        # Followed, the branch goes on along the first run that continues its
+        # latest run, in the order they started.
+        tip = target
+        for run, _, parent in runs:
+            if parent == tip and run not in path:
+                path.append(run)
+                tip = run
+        assert judged is not None and judged.tip == tip
+    expected = fold([e for run in path for e in events[run]])
+    assert state.messages == expected.messages
+    assert state.state == expected.state
