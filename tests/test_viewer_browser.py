@@ -604,3 +604,76 @@ async def test_the_indicator_says_when_a_thread_is_not_followed(
     assert await status.inner_text() == "live"
     assert (await viewer.model())["connection"]["reconnects"] == 0
     await page.close()
+
+
+# -- branches: regenerated answers and an edited question ------------------------------------
+
+
+def branch_run(thread: str, run: str, question: str, answer: str, parent: str | None) -> list[Any]:
+    started: dict[str, Any] = {
+        "type": "RUN_STARTED",
+        "threadId": thread,
+        "runId": run,
+        "input": {
+            "threadId": thread,
+            "runId": run,
+            "messages": [{"id": f"q-{run}", "role": "user", "content": question}],
+            "state": {},
+            "tools": [],
+            "context": [],
+        },
+    }
+    if parent is not None:
+        started["parentRunId"] = parent
+    return [
+        started,
+        {"type": "TEXT_MESSAGE_START", "messageId": f"a-{run}", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": f"a-{run}", "delta": answer},
+        {"type": "TEXT_MESSAGE_END", "messageId": f"a-{run}"},
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": run},
+    ]
+
+
+async def test_the_page_flips_between_versions_of_an_answer(
+    browser: Browser, gateways: Gateways
+) -> None:
+    hub = gateway(gateways)
+    thread = "viewer-branches"
+    async with HubClient(hub.url) as client:
+        await client.publish(thread, branch_run(thread, "r1", "hello", "hi there", None))
+        await client.publish(thread, branch_run(thread, "r2", "two plus two?", "four", "r1"))
+        # A regenerate of that answer, then an edit of its question.
+        await client.publish(thread, branch_run(thread, "r3", "two plus two?", "it is 4", "r1"))
+        await client.publish(thread, branch_run(thread, "r4", "three plus three?", "six", "r1"))
+    viewer = await Viewer.open(browser, hub.port, thread)
+    forks = "window.aguiViewer.model().forks"
+    await viewer.page.wait_for_function(f"() => {forks}.length === 1", timeout=WAIT_MS)
+    [fork] = (await viewer.model())["forks"]
+    assert (fork["run"], fork["versions"], fork["index"]) == ("r4", ["r2", "r3", "r4"], 2)
+    shown = await viewer.text("branches")
+    assert "3 of 3" in shown and "three plus three?" in shown, shown
+
+    async def flip(button: str, run: str, shows: str, hides: list[str]) -> None:
+        await viewer.page.locator(f"[data-testid={button}]").click()
+        await viewer.page.wait_for_function(
+            f"""() => {{
+                const m = window.aguiViewer.model();
+                return m.connection.branch === {run!r} && m.connection.subscribed
+                    && m.forks.length === 1 && m.forks[0].run === {run!r}
+                    && window.aguiViewer.transcriptText().includes({shows!r});
+            }}""",
+            timeout=WAIT_MS,
+        )
+        text = await viewer.transcript()
+        assert "hi there" in text  # the shared beginning, on every version
+        for other in hides:
+            assert other not in text, (run, other, text)
+
+    await flip("fork-previous", "r3", "it is 4", ["four", "six", "three plus three?"])
+    assert "2 of 3" in await viewer.text("branches")
+    await flip("fork-previous", "r2", "four", ["it is 4", "six"])
+    await flip("fork-next", "r3", "it is 4", ["four", "six"])
+    await flip("fork-next", "r4", "six", ["four", "it is 4", "two plus two?"])
+    assert "three plus three?" in await viewer.transcript()  # the edited question
+    assert "#" in viewer.page.url and "branch=r4" in viewer.page.url  # no reload, a link
+    viewer.check_clean()

@@ -1517,6 +1517,41 @@ function tokenKey(hub) {
 var RECENT_MAX = 12;
 var TREE_CHILDREN_MAX = 500;
 var PREVIEW_CHARS = 140;
+function forksOf(runs, tip) {
+  if (runs.length === 0) return [];
+  const byId2 = new Map(runs.map((r) => [r.runId, r]));
+  const children = /* @__PURE__ */ new Map();
+  for (const run of runs) {
+    const parent = run.parentRunId !== null && byId2.has(run.parentRunId) ? run.parentRunId : null;
+    const list = children.get(parent) ?? [];
+    list.push(run.runId);
+    children.set(parent, list);
+  }
+  let at = tip !== null && byId2.has(tip) ? tip : runs[runs.length - 1].runId;
+  for (let next = at !== null ? children.get(at) : void 0; next && next.length; ) {
+    at = next[0];
+    next = children.get(at);
+  }
+  const path = [];
+  const seen = /* @__PURE__ */ new Set();
+  while (at !== null && byId2.has(at) && !seen.has(at)) {
+    seen.add(at);
+    path.push(at);
+    const parent = byId2.get(at)?.parentRunId ?? null;
+    at = parent !== null && byId2.has(parent) ? parent : null;
+  }
+  path.reverse();
+  const forks = [];
+  for (const run of path) {
+    const info = byId2.get(run);
+    const parent = info?.parentRunId !== null && info?.parentRunId !== void 0 && byId2.has(info.parentRunId) ? info.parentRunId : null;
+    const versions = children.get(parent) ?? [];
+    if (versions.length > 1) {
+      forks.push({ run, versions, index: versions.indexOf(run), preview: info?.preview ?? "" });
+    }
+  }
+  return forks;
+}
 function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -2046,6 +2081,11 @@ var Viewer = class {
   /** RAW and CUSTOM events: "short" (counted on the events line), "hide", "full" (listed). */
   #rawMode = "short";
   #rawShown = -1;
+  #branches = byId("branches");
+  /** The thread's runs (the runs command), refreshed when a run starts or ends. */
+  #runs = [];
+  #forks = [];
+  #runsAsked = 0;
   constructor() {
     this.#view = new TranscriptView(testId("transcript"));
     this.#state = new JsonTree(byId("state"), 3);
@@ -2065,7 +2105,8 @@ var Viewer = class {
       resumes: [],
       snapshots: 0,
       trimmed: false,
-      items: 0
+      items: 0,
+      branch: null
     };
     try {
       this.connection.hub = hubUrl();
@@ -2100,7 +2141,11 @@ var Viewer = class {
   }
   // -- what tests (and curious people) can read: window.aguiViewer ----------------------------
   snapshot() {
-    return { ...this.model.snapshot(), connection: structuredClone(this.connection) };
+    return {
+      ...this.model.snapshot(),
+      connection: structuredClone(this.connection),
+      forks: structuredClone(this.#forks)
+    };
   }
   transcriptText() {
     this.#render();
@@ -2123,6 +2168,7 @@ var Viewer = class {
     const encoding = params.get("encoding") === "json" ? "json" : "msgpack";
     const from = params.get("from") === "snapshot" ? "snapshot" : "start";
     const thread = (params.get("thread") ?? "").trim();
+    const branch = (params.get("branch") ?? "").trim() || null;
     const raw = params.get("raw");
     this.#rawMode = raw === "hide" || raw === "full" ? raw : "short";
     this.#rawShown = -1;
@@ -2132,9 +2178,10 @@ var Viewer = class {
       this.#threadInput.value = thread;
     }
     const changedClient = encoding !== this.connection.encoding;
-    const changedThread = thread !== (this.connection.thread ?? "") || from !== this.connection.from;
+    const changedThread = thread !== (this.connection.thread ?? "") || from !== this.connection.from || branch !== this.connection.branch;
     this.connection.encoding = encoding;
     this.connection.from = from;
+    this.connection.branch = branch;
     if (!thread) {
       this.connection.thread = null;
       this.#closeSubscription();
@@ -2215,9 +2262,13 @@ var Viewer = class {
     this.connection.items = 0;
     this.#notify(null);
     this.#showWaiting(thread);
+    this.#forks = [];
+    this.#renderBranches();
+    this.#askRuns(generation);
     try {
       this.#sub = client.subscribe(thread, {
         from: this.connection.from,
+        ...this.connection.branch !== null ? { branch: this.connection.branch } : {},
         onItem: (item) => {
           if (generation === this.#generation) this.#onItem(item);
         }
@@ -2264,6 +2315,10 @@ var Viewer = class {
     c.items += 1;
     if (item.kind === "event") {
       this.model.apply(item.event);
+      const type = item.event.type;
+      if (type === "RUN_STARTED" || type === "RUN_FINISHED" || type === "RUN_ERROR") {
+        this.#askRuns(this.#generation);
+      }
     } else if (item.kind === "snapshot") {
       c.snapshots += 1;
       if (!item.complete) c.trimmed = true;
@@ -2280,6 +2335,50 @@ var Viewer = class {
       }
     }
     this.#schedule();
+  }
+  // -- branches --------------------------------------------------------------------------------------
+  /** Ask for the thread's runs (at most one request at a time; the latest answer wins). */
+  #askRuns(generation) {
+    const client = this.#client;
+    const thread = this.connection.thread;
+    if (!client || !thread) return;
+    const asked = ++this.#runsAsked;
+    client.runs(thread).then(({ runs }) => {
+      if (generation !== this.#generation || asked !== this.#runsAsked) return;
+      this.#runs = runs;
+      this.#renderBranches();
+    }).catch(() => void 0);
+  }
+  /** "‹ 2 of 3 ›" for each place where the conversation shown has other versions. */
+  #renderBranches() {
+    const tip = this.#sub?.branch ?? this.connection.branch;
+    this.#forks = this.connection.thread ? forksOf(this.#runs, tip ?? null) : [];
+    this.#branches.hidden = this.#forks.length === 0;
+    this.#branches.replaceChildren(
+      ...this.#forks.map((fork) => {
+        const row = el("div", "fork");
+        row.dataset.testid = "fork";
+        const go = (step) => {
+          const target = fork.versions[(fork.index + step + fork.versions.length) % fork.versions.length];
+          this.#setHash({ branch: target });
+        };
+        const previous = el("button", "fork-step", "‹");
+        previous.type = "button";
+        previous.title = "the previous version";
+        previous.dataset.testid = "fork-previous";
+        previous.addEventListener("click", () => go(-1));
+        const next = el("button", "fork-step", "›");
+        next.type = "button";
+        next.title = "the next version";
+        next.dataset.testid = "fork-next";
+        next.addEventListener("click", () => go(1));
+        const label = el("span", "fork-label", `${fork.index + 1} of ${fork.versions.length}`);
+        const what = el("span", "fork-preview", fork.preview ? fork.preview : fork.run);
+        what.title = `run ${fork.run}`;
+        row.append(previous, label, next, what);
+        return row;
+      })
+    );
   }
   // -- rendering --------------------------------------------------------------------------------------
   #schedule() {

@@ -29,6 +29,7 @@ import {
   type ConnectionStatus,
   type Encoding,
   type Item,
+  type RunInfo,
   type Subscription,
 } from "./client";
 import { Transcript, type Message, type Run, type ToolCall } from "./transcript";
@@ -74,6 +75,60 @@ interface ConnectionModel {
   /** The history was trimmed before the page could see it all (a snapshot with complete: false). */
   trimmed: boolean;
   items: number;
+  /** The branch followed (#branch=RUN; null: the whole thread). */
+  branch: string | null;
+}
+
+/** Where the thread branches along what the page shows: a run that has siblings (other
+ * runs continuing the same run), the run shown among them. */
+interface Fork {
+  /** The run shown at this point of the conversation. */
+  run: string;
+  /** Its siblings, in the order they started (it among them). */
+  versions: string[];
+  index: number;
+  preview: string;
+}
+
+/** The forks along the branch that ends with *tip* (or the latest run's, without one). */
+function forksOf(runs: RunInfo[], tip: string | null): Fork[] {
+  if (runs.length === 0) return [];
+  const byId = new Map(runs.map((r) => [r.runId, r]));
+  const children = new Map<string | null, string[]>();
+  for (const run of runs) {
+    const parent = run.parentRunId !== null && byId.has(run.parentRunId) ? run.parentRunId : null;
+    const list = children.get(parent) ?? [];
+    list.push(run.runId);
+    children.set(parent, list);
+  }
+  let at: string | null = tip !== null && byId.has(tip) ? tip : runs[runs.length - 1].runId;
+  // A branch asked for at a run that has continuations goes on along the first of them
+  // (as the hub follows it).
+  for (let next = at !== null ? children.get(at) : undefined; next && next.length; ) {
+    at = next[0];
+    next = children.get(at);
+  }
+  const path: string[] = [];
+  const seen = new Set<string>();
+  while (at !== null && byId.has(at) && !seen.has(at)) {
+    seen.add(at);
+    path.push(at);
+    const parent: string | null = byId.get(at)?.parentRunId ?? null;
+    at = parent !== null && byId.has(parent) ? parent : null;
+  }
+  path.reverse();
+  const forks: Fork[] = [];
+  for (const run of path) {
+    const info = byId.get(run);
+    const parent = info?.parentRunId !== null && info?.parentRunId !== undefined && byId.has(info.parentRunId)
+      ? info.parentRunId
+      : null;
+    const versions = children.get(parent) ?? [];
+    if (versions.length > 1) {
+      forks.push({ run, versions, index: versions.indexOf(run), preview: info?.preview ?? "" });
+    }
+  }
+  return forks;
 }
 
 // -- small DOM helpers (text only: never markup) ---------------------------------------------------
@@ -675,6 +730,11 @@ class Viewer {
   /** RAW and CUSTOM events: "short" (counted on the events line), "hide", "full" (listed). */
   #rawMode: "short" | "hide" | "full" = "short";
   #rawShown = -1;
+  readonly #branches = byId<HTMLElement>("branches");
+  /** The thread's runs (the runs command), refreshed when a run starts or ends. */
+  #runs: RunInfo[] = [];
+  #forks: Fork[] = [];
+  #runsAsked = 0;
 
   constructor() {
     this.#view = new TranscriptView(testId("transcript"));
@@ -696,6 +756,7 @@ class Viewer {
       snapshots: 0,
       trimmed: false,
       items: 0,
+      branch: null,
     };
     try {
       this.connection.hub = hubUrl();
@@ -733,7 +794,11 @@ class Viewer {
   // -- what tests (and curious people) can read: window.aguiViewer ----------------------------
 
   snapshot(): Record<string, unknown> {
-    return { ...this.model.snapshot(), connection: structuredClone(this.connection) };
+    return {
+      ...this.model.snapshot(),
+      connection: structuredClone(this.connection),
+      forks: structuredClone(this.#forks),
+    };
   }
 
   transcriptText(): string {
@@ -760,6 +825,7 @@ class Viewer {
     const encoding: Encoding = params.get("encoding") === "json" ? "json" : "msgpack";
     const from: From = params.get("from") === "snapshot" ? "snapshot" : "start";
     const thread = (params.get("thread") ?? "").trim();
+    const branch = (params.get("branch") ?? "").trim() || null;
     const raw = params.get("raw");
     this.#rawMode = raw === "hide" || raw === "full" ? raw : "short";
     this.#rawShown = -1;
@@ -769,9 +835,13 @@ class Viewer {
       this.#threadInput.value = thread;
     }
     const changedClient = encoding !== this.connection.encoding;
-    const changedThread = thread !== (this.connection.thread ?? "") || from !== this.connection.from;
+    const changedThread =
+      thread !== (this.connection.thread ?? "") ||
+      from !== this.connection.from ||
+      branch !== this.connection.branch;
     this.connection.encoding = encoding;
     this.connection.from = from;
+    this.connection.branch = branch;
     if (!thread) {
       this.connection.thread = null;
       this.#closeSubscription();
@@ -858,9 +928,13 @@ class Viewer {
     this.connection.items = 0;
     this.#notify(null);
     this.#showWaiting(thread);
+    this.#forks = [];
+    this.#renderBranches();
+    this.#askRuns(generation);
     try {
       this.#sub = client.subscribe(thread, {
         from: this.connection.from,
+        ...(this.connection.branch !== null ? { branch: this.connection.branch } : {}),
         onItem: (item) => {
           if (generation === this.#generation) this.#onItem(item);
         },
@@ -914,6 +988,10 @@ class Viewer {
     c.items += 1;
     if (item.kind === "event") {
       this.model.apply(item.event);
+      const type = item.event.type;
+      if (type === "RUN_STARTED" || type === "RUN_FINISHED" || type === "RUN_ERROR") {
+        this.#askRuns(this.#generation);
+      }
     } else if (item.kind === "snapshot") {
       // The snapshot replaces what was built: fold its events into a fresh model.
       c.snapshots += 1;
@@ -931,6 +1009,56 @@ class Viewer {
       }
     }
     this.#schedule();
+  }
+
+  // -- branches --------------------------------------------------------------------------------------
+
+  /** Ask for the thread's runs (at most one request at a time; the latest answer wins). */
+  #askRuns(generation: number): void {
+    const client = this.#client;
+    const thread = this.connection.thread;
+    if (!client || !thread) return;
+    const asked = ++this.#runsAsked;
+    client
+      .runs(thread)
+      .then(({ runs }) => {
+        if (generation !== this.#generation || asked !== this.#runsAsked) return;
+        this.#runs = runs;
+        this.#renderBranches();
+      })
+      .catch(() => undefined); // an older gateway, or no grant: no branch switch
+  }
+
+  /** "‹ 2 of 3 ›" for each place where the conversation shown has other versions. */
+  #renderBranches(): void {
+    const tip = this.#sub?.branch ?? this.connection.branch;
+    this.#forks = this.connection.thread ? forksOf(this.#runs, tip ?? null) : [];
+    this.#branches.hidden = this.#forks.length === 0;
+    this.#branches.replaceChildren(
+      ...this.#forks.map((fork) => {
+        const row = el("div", "fork");
+        row.dataset.testid = "fork";
+        const go = (step: number) => {
+          const target = fork.versions[(fork.index + step + fork.versions.length) % fork.versions.length];
+          this.#setHash({ branch: target });
+        };
+        const previous = el("button", "fork-step", "‹");
+        previous.type = "button";
+        previous.title = "the previous version";
+        previous.dataset.testid = "fork-previous";
+        previous.addEventListener("click", () => go(-1));
+        const next = el("button", "fork-step", "›");
+        next.type = "button";
+        next.title = "the next version";
+        next.dataset.testid = "fork-next";
+        next.addEventListener("click", () => go(1));
+        const label = el("span", "fork-label", `${fork.index + 1} of ${fork.versions.length}`);
+        const what = el("span", "fork-preview", fork.preview ? fork.preview : fork.run);
+        what.title = `run ${fork.run}`;
+        row.append(previous, label, next, what);
+        return row;
+      }),
+    );
   }
 
   // -- rendering --------------------------------------------------------------------------------------
