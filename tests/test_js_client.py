@@ -297,7 +297,7 @@ async def test_runs_lists_what_the_python_client_lists(gateways: Gateways) -> No
     assert [r.run_id for r in newest.runs] == ["r3"] and newest.more and not tree.more
     async with NodeRun("runs", "--url", gateway.url, "--thread", thread) as js:
         listed = await js.result()
-    assert listed == {"runs": [r.as_json() for r in tree.runs], "more": False}
+    assert listed == {"runs": [r.as_json() for r in tree.runs], "more": False, "agents": []}
     async with NodeRun("runs", "--url", gateway.url, "--thread", thread, "--limit", "0") as js:
         refused = await js.result()
     assert refused["error"]["code"] == "bad_command", refused

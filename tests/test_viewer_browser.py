@@ -43,6 +43,7 @@ from .conftest import TIMEOUT_SCALE
 from .nodejs import CHROMIUM_ARGS, chromium
 from .processes import CLI, ROOT, GatewayProcess, Gateways, child_env
 from .proxy import FaultProxy
+from .upstream_agent import serve_agent
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page, WebSocket
@@ -677,3 +678,56 @@ async def test_the_page_flips_between_versions_of_an_answer(
     assert "three plus three?" in await viewer.transcript()  # the edited question
     assert "#" in viewer.page.url and "branch=r4" in viewer.page.url  # no reload, a link
     viewer.check_clean()
+
+
+async def test_regenerate_and_edit_from_the_page(browser: Browser, gateways: Gateways) -> None:
+    """With an agent the page may run: "regenerate" and "edit" start new versions of the
+    latest answer through the gateway's bridge, and the page follows each."""
+    with serve_agent() as agent:
+        hub = gateways.start(None, "--http-port", "0", "--agents", f"ok={agent.url('ok')}")
+        thread = "viewer-regenerate"
+        async with HubClient(hub.url) as client:
+            await client.publish(thread, branch_run(thread, "r0", "start", "welcome", None))
+            first = await client.run(
+                thread, "ok", messages=[{"id": "q1", "role": "user", "content": "hello"}]
+            )
+        viewer = await Viewer.open(browser, hub.port, thread)
+        regenerate = viewer.page.locator("[data-testid=regenerate]")
+        await regenerate.wait_for(timeout=WAIT_MS)
+        await regenerate.click()
+        await viewer.page.wait_for_function(
+            f"""() => {{
+                const m = window.aguiViewer.model();
+                return m.connection.branch && m.connection.branch !== {first["runId"]!r}
+                    && m.forks.length === 1 && m.forks[0].versions.length === 2
+                    && m.runs.length > 0 && m.runs.every((r) => r.status === "finished");
+            }}""",
+            timeout=WAIT_MS,
+        )
+        model = await viewer.model()
+        second = model["connection"]["branch"]
+        assert model["forks"][0]["versions"] == [first["runId"], second]
+        regenerated = agent.inputs[-1]
+        assert regenerated["runId"] == second and regenerated["parentRunId"] == "r0"
+        # The branch up to r0 (its question), then the question again.
+        asked = [m["content"] for m in regenerated["messages"] if m["role"] == "user"]
+        assert asked == ["start", "hello"]
+
+        viewer.page.once("dialog", lambda dialog: asyncio.ensure_future(dialog.accept("bonjour")))
+        await viewer.page.locator("[data-testid=edit]").click()
+        await viewer.page.wait_for_function(
+            """() => {
+                const m = window.aguiViewer.model();
+                return m.forks.length === 1 && m.forks[0].versions.length === 3
+                    && m.forks[0].index === 2
+                    && window.aguiViewer.transcriptText().includes("You said: 'bonjour'");
+            }""",
+            timeout=WAIT_MS,
+        )
+        text = await viewer.transcript()
+        assert "bonjour" in text and "welcome" in text and "hello" not in text, text
+        edited = agent.inputs[-1]
+        assert edited["parentRunId"] == "r0"
+        asked = [m["content"] for m in edited["messages"] if m["role"] == "user"]
+        assert asked == ["start", "bonjour"]
+        viewer.check_clean()

@@ -660,6 +660,7 @@ class CommandHandler:
                         thread,
                         [r.as_json() for r in listed],
                         len(listed) < len(runs),
+                        host.runs.runnable(session.identity, thread),
                     )
                 )
             elif isinstance(command, Run):

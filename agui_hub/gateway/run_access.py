@@ -38,6 +38,12 @@ class RunAccess:
     def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
 
+    def runnable(self, identity: Identity | None, thread: str) -> list[str]:
+        """The agents *identity* may run in *thread*, by name (none without the grants)."""
+        if identity is None or not identity.allows(Action.PUBLISH, thread):
+            return []
+        return sorted(name for name in self.bridge.agents if identity.grants.may_run(name))
+
     def check_grant(self, identity: Identity | None, agent: str, thread: str) -> None:
         """Raise :class:`~agui_hub.errors.Forbidden` unless *identity* may run *agent*
         in *thread* (publish into the thread, and a run grant covering the agent)."""

@@ -159,6 +159,7 @@ export declare function isPosition(value: unknown): value is Position;
 export declare const SUBPROTOCOL_JSON = "agui-hub.v1.json";
 export declare const SUBPROTOCOL_MSGPACK = "agui-hub.v1.msgpack";
 export declare const BEARER_PREFIX = "agui-hub.bearer.";
+type Frame = Record<string, unknown>;
 /** Full jitter: uniform in [0, min(max, min * 2^attempt)]. */
 export declare function backoffDelay(attempt: number, min: number, max: number): number;
 /** The `exp` claim of a JWT in ms since the epoch, read without verifying (the gateway
@@ -248,10 +249,22 @@ export declare class HubClient {
     }): Promise<{
         runs: RunInfo[];
         more: boolean;
+        agents: string[];
     }>;
+    /** Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md): its input
+     * is built from the thread, or with `parentRunId` from the branch that ends with that run
+     * (regenerate, edit), plus `messages`. Resolves with the `running` reply once the run is
+     * going; its events come in the thread. Needs the publish and run grants. */
+    run(thread: string, agent: string, options?: {
+        messages?: unknown[];
+        parentRunId?: string;
+        runId?: string;
+        timeout?: number;
+    }): Promise<Frame>;
     /** Fresh event ids, unique to this client: "<random prefix>-<counter>". */
     newEventIds(count: number): string[];
     /** Close the connection; iterators end after what they buffered, commands in flight
      * reject, every timer is cleared. */
     close(): Promise<void>;
 }
+export {};

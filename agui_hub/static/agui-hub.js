@@ -2198,7 +2198,22 @@ var HubClient = class {
     checkThread(thread);
     const command = { type: "runs", thread, limit: options.limit ?? 1e3 };
     const reply = await this.#request(command, options.timeout ?? this.#openTimeout);
-    return { runs: Array.isArray(reply.runs) ? reply.runs : [], more: reply.more === true };
+    return {
+      runs: Array.isArray(reply.runs) ? reply.runs : [],
+      more: reply.more === true,
+      agents: Array.isArray(reply.agents) ? reply.agents : []
+    };
+  }
+  /** Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md): its input
+   * is built from the thread, or with `parentRunId` from the branch that ends with that run
+   * (regenerate, edit), plus `messages`. Resolves with the `running` reply once the run is
+   * going; its events come in the thread. Needs the publish and run grants. */
+  async run(thread, agent, options = {}) {
+    checkThread(thread);
+    const command = { type: "run", thread, agent, messages: options.messages ?? [] };
+    if (options.parentRunId !== void 0) command.parentRunId = options.parentRunId;
+    if (options.runId !== void 0) command.runId = options.runId;
+    return this.#request(command, options.timeout ?? this.#openTimeout);
   }
   /** Fresh event ids, unique to this client: "<random prefix>-<counter>". */
   newEventIds(count) {

@@ -2086,6 +2086,11 @@ var Viewer = class {
   #runs = [];
   #forks = [];
   #runsAsked = 0;
+  /** The agents this page may run in the thread (the runs reply): regenerate and edit. */
+  #agents = [];
+  /** Each run's RUN_STARTED as received (its input holds the question it answered). */
+  #starts = /* @__PURE__ */ new Map();
+  #actions = byId("run-actions");
   constructor() {
     this.#view = new TranscriptView(testId("transcript"));
     this.#state = new JsonTree(byId("state"), 3);
@@ -2263,6 +2268,7 @@ var Viewer = class {
     this.#notify(null);
     this.#showWaiting(thread);
     this.#forks = [];
+    this.#starts.clear();
     this.#renderBranches();
     this.#askRuns(generation);
     try {
@@ -2316,6 +2322,7 @@ var Viewer = class {
     if (item.kind === "event") {
       this.model.apply(item.event);
       const type = item.event.type;
+      if (type === "RUN_STARTED") this.#rememberStart(item.event);
       if (type === "RUN_STARTED" || type === "RUN_FINISHED" || type === "RUN_ERROR") {
         this.#askRuns(this.#generation);
       }
@@ -2325,6 +2332,9 @@ var Viewer = class {
       this.model.reset();
       this.#stateShown = void 0;
       this.model.applyAll(item.events);
+      for (const event of item.events) {
+        if (event.type === "RUN_STARTED") this.#rememberStart(event);
+      }
     } else {
       c.subscribed = true;
       if (item.resumed) {
@@ -2343,9 +2353,10 @@ var Viewer = class {
     const thread = this.connection.thread;
     if (!client || !thread) return;
     const asked = ++this.#runsAsked;
-    client.runs(thread).then(({ runs }) => {
+    client.runs(thread).then(({ runs, agents }) => {
       if (generation !== this.#generation || asked !== this.#runsAsked) return;
       this.#runs = runs;
+      this.#agents = agents;
       this.#renderBranches();
     }).catch(() => void 0);
   }
@@ -2379,6 +2390,86 @@ var Viewer = class {
         return row;
       })
     );
+    this.#renderActions();
+  }
+  #rememberStart(event) {
+    if (typeof event.runId === "string") this.#starts.set(event.runId, event);
+  }
+  /** The latest run shown, and the question it answered (the last user message of its
+   * input), when this page may run an agent from its parent: regenerate, edit. */
+  #latest() {
+    if (this.#agents.length === 0 || this.#runs.length === 0) return null;
+    const byId2 = new Map(this.#runs.map((r) => [r.runId, r]));
+    const tip = this.#sub?.branch ?? this.connection.branch;
+    let at = tip !== null && tip !== void 0 && byId2.has(tip) ? tip : this.#runs[this.#runs.length - 1].runId;
+    for (let next = this.#runs.find((r) => r.parentRunId === at); next; ) {
+      at = next.runId;
+      const from = at;
+      next = this.#runs.find((r) => r.parentRunId === from);
+    }
+    const run = byId2.get(at);
+    if (!run || run.parentRunId === null || run.status === "running") return null;
+    const input = this.#starts.get(run.runId)?.input;
+    const messages = Array.isArray(input?.messages) ? input.messages : [];
+    for (let i = messages.length - 1; i >= 0; i--) {
+      const message = messages[i];
+      if (message && message.role === "user") return { run, question: message };
+    }
+    return null;
+  }
+  /** "regenerate" and "edit" for the latest run shown, when an agent may be run here. */
+  #renderActions() {
+    const latest = this.#latest();
+    this.#actions.hidden = latest === null;
+    if (latest === null) {
+      this.#actions.replaceChildren();
+      return;
+    }
+    const agent = this.#agents[0];
+    const regenerate = el("button", "run-action", "regenerate");
+    regenerate.type = "button";
+    regenerate.dataset.testid = "regenerate";
+    regenerate.title = `${agent} answers the last question again (a new version)`;
+    regenerate.addEventListener("click", () => {
+      void this.#runFrom(latest.run, [latest.question]);
+    });
+    const edit = el("button", "run-action", "edit");
+    edit.type = "button";
+    edit.dataset.testid = "edit";
+    edit.title = `change the last question; ${agent} answers it (a new version)`;
+    edit.addEventListener("click", () => {
+      const before = typeof latest.question.content === "string" ? latest.question.content : "";
+      const text = window.prompt("Edit the question", before);
+      if (text === null || !text.trim()) return;
+      const id = `edit-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+      void this.#runFrom(latest.run, [{ id, role: "user", content: text }]);
+    });
+    this.#actions.replaceChildren(regenerate, edit);
+  }
+  /** A new version of *run*: the agent runs from *run*'s parent with *messages*; the page
+   * follows it once the hub lists it. */
+  async #runFrom(run, messages) {
+    const client = this.#client;
+    const thread = this.connection.thread;
+    if (!client || !thread || run.parentRunId === null) return;
+    try {
+      const reply = await client.run(thread, this.#agents[0], {
+        parentRunId: run.parentRunId,
+        messages
+      });
+      const runId = reply.runId;
+      if (typeof runId !== "string") return;
+      for (let tries = 0; tries < 50; tries++) {
+        const { runs } = await client.runs(thread);
+        if (runs.some((r) => r.runId === runId)) {
+          this.#setHash({ branch: runId });
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    } catch (error) {
+      this.#notify("error", `the agent could not be run: ${describe(error)}`);
+    }
   }
   // -- rendering --------------------------------------------------------------------------------------
   #schedule() {

@@ -491,11 +491,13 @@ def cancelled_frame(command_id: Any, run: dict[str, Any]) -> dict[str, Any]:
 
 
 def runs_frame(
-    command_id: Any, thread: str, runs: list[dict[str, Any]], more: bool
+    command_id: Any, thread: str, runs: list[dict[str, Any]], more: bool, agents: list[str]
 ) -> dict[str, Any]:
     """The reply to ``runs``: the thread's runs, in the order they started;
-    *more*: older runs were left out (the command's ``limit``)."""
-    return _with_id({"type": "runs", "thread": thread, "runs": runs, "more": more}, command_id)
+    *more*: older runs were left out (the command's ``limit``); *agents*: the
+    upstream agents this connection may ``run`` in the thread."""
+    frame = {"type": "runs", "thread": thread, "runs": runs, "more": more, "agents": agents}
+    return _with_id(frame, command_id)
 
 
 def pong_frame(command_id: Any) -> dict[str, Any]:

@@ -1096,11 +1096,31 @@ export class HubClient {
   async runs(
     thread: string,
     options: { limit?: number; timeout?: number } = {},
-  ): Promise<{ runs: RunInfo[]; more: boolean }> {
+  ): Promise<{ runs: RunInfo[]; more: boolean; agents: string[] }> {
     checkThread(thread);
     const command: Frame = { type: "runs", thread, limit: options.limit ?? 1000 };
     const reply = await this.#request(command, options.timeout ?? this.#openTimeout);
-    return { runs: Array.isArray(reply.runs) ? (reply.runs as RunInfo[]) : [], more: reply.more === true };
+    return {
+      runs: Array.isArray(reply.runs) ? (reply.runs as RunInfo[]) : [],
+      more: reply.more === true,
+      agents: Array.isArray(reply.agents) ? (reply.agents as string[]) : [],
+    };
+  }
+
+  /** Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md): its input
+   * is built from the thread, or with `parentRunId` from the branch that ends with that run
+   * (regenerate, edit), plus `messages`. Resolves with the `running` reply once the run is
+   * going; its events come in the thread. Needs the publish and run grants. */
+  async run(
+    thread: string,
+    agent: string,
+    options: { messages?: unknown[]; parentRunId?: string; runId?: string; timeout?: number } = {},
+  ): Promise<Frame> {
+    checkThread(thread);
+    const command: Frame = { type: "run", thread, agent, messages: options.messages ?? [] };
+    if (options.parentRunId !== undefined) command.parentRunId = options.parentRunId;
+    if (options.runId !== undefined) command.runId = options.runId;
+    return this.#request(command, options.timeout ?? this.#openTimeout);
   }
 
   /** Fresh event ids, unique to this client: "<random prefix>-<counter>". */

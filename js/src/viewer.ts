@@ -735,6 +735,11 @@ class Viewer {
   #runs: RunInfo[] = [];
   #forks: Fork[] = [];
   #runsAsked = 0;
+  /** The agents this page may run in the thread (the runs reply): regenerate and edit. */
+  #agents: string[] = [];
+  /** Each run's RUN_STARTED as received (its input holds the question it answered). */
+  readonly #starts = new Map<string, Record<string, unknown>>();
+  readonly #actions = byId<HTMLElement>("run-actions");
 
   constructor() {
     this.#view = new TranscriptView(testId("transcript"));
@@ -929,6 +934,7 @@ class Viewer {
     this.#notify(null);
     this.#showWaiting(thread);
     this.#forks = [];
+    this.#starts.clear();
     this.#renderBranches();
     this.#askRuns(generation);
     try {
@@ -989,6 +995,7 @@ class Viewer {
     if (item.kind === "event") {
       this.model.apply(item.event);
       const type = item.event.type;
+      if (type === "RUN_STARTED") this.#rememberStart(item.event as Record<string, unknown>);
       if (type === "RUN_STARTED" || type === "RUN_FINISHED" || type === "RUN_ERROR") {
         this.#askRuns(this.#generation);
       }
@@ -999,6 +1006,9 @@ class Viewer {
       this.model.reset();
       this.#stateShown = undefined;
       this.model.applyAll(item.events);
+      for (const event of item.events) {
+        if (event.type === "RUN_STARTED") this.#rememberStart(event as Record<string, unknown>);
+      }
     } else {
       c.subscribed = true;
       if (item.resumed) {
@@ -1021,9 +1031,10 @@ class Viewer {
     const asked = ++this.#runsAsked;
     client
       .runs(thread)
-      .then(({ runs }) => {
+      .then(({ runs, agents }) => {
         if (generation !== this.#generation || asked !== this.#runsAsked) return;
         this.#runs = runs;
+        this.#agents = agents;
         this.#renderBranches();
       })
       .catch(() => undefined); // an older gateway, or no grant: no branch switch
@@ -1059,6 +1070,91 @@ class Viewer {
         return row;
       }),
     );
+    this.#renderActions();
+  }
+
+  #rememberStart(event: Record<string, unknown>): void {
+    if (typeof event.runId === "string") this.#starts.set(event.runId, event);
+  }
+
+  /** The latest run shown, and the question it answered (the last user message of its
+   * input), when this page may run an agent from its parent: regenerate, edit. */
+  #latest(): { run: RunInfo; question: Record<string, unknown> } | null {
+    if (this.#agents.length === 0 || this.#runs.length === 0) return null;
+    const byId = new Map(this.#runs.map((r) => [r.runId, r]));
+    const tip = this.#sub?.branch ?? this.connection.branch;
+    let at = tip !== null && tip !== undefined && byId.has(tip) ? tip : this.#runs[this.#runs.length - 1].runId;
+    for (let next = this.#runs.find((r) => r.parentRunId === at); next; ) {
+      at = next.runId; // as the hub follows a branch: along the first continuation
+      const from: string = at;
+      next = this.#runs.find((r) => r.parentRunId === from);
+    }
+    const run = byId.get(at);
+    if (!run || run.parentRunId === null || run.status === "running") return null;
+    const input = this.#starts.get(run.runId)?.input as { messages?: unknown[] } | undefined;
+    const messages = Array.isArray(input?.messages) ? input.messages : [];
+    for (let i = messages.length - 1; i >= 0; i--) {
+      const message = messages[i] as Record<string, unknown>;
+      if (message && message.role === "user") return { run, question: message };
+    }
+    return null;
+  }
+
+  /** "regenerate" and "edit" for the latest run shown, when an agent may be run here. */
+  #renderActions(): void {
+    const latest = this.#latest();
+    this.#actions.hidden = latest === null;
+    if (latest === null) {
+      this.#actions.replaceChildren();
+      return;
+    }
+    const agent = this.#agents[0];
+    const regenerate = el("button", "run-action", "regenerate");
+    regenerate.type = "button";
+    regenerate.dataset.testid = "regenerate";
+    regenerate.title = `${agent} answers the last question again (a new version)`;
+    regenerate.addEventListener("click", () => {
+      void this.#runFrom(latest.run, [latest.question]);
+    });
+    const edit = el("button", "run-action", "edit");
+    edit.type = "button";
+    edit.dataset.testid = "edit";
+    edit.title = `change the last question; ${agent} answers it (a new version)`;
+    edit.addEventListener("click", () => {
+      const before = typeof latest.question.content === "string" ? latest.question.content : "";
+      const text = window.prompt("Edit the question", before);
+      if (text === null || !text.trim()) return;
+      const id = `edit-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+      void this.#runFrom(latest.run, [{ id, role: "user", content: text }]);
+    });
+    this.#actions.replaceChildren(regenerate, edit);
+  }
+
+  /** A new version of *run*: the agent runs from *run*'s parent with *messages*; the page
+   * follows it once the hub lists it. */
+  async #runFrom(run: RunInfo, messages: unknown[]): Promise<void> {
+    const client = this.#client;
+    const thread = this.connection.thread;
+    if (!client || !thread || run.parentRunId === null) return;
+    try {
+      const reply = await client.run(thread, this.#agents[0], {
+        parentRunId: run.parentRunId,
+        messages,
+      });
+      const runId = reply.runId;
+      if (typeof runId !== "string") return;
+      // Followed as a branch once the hub's index has it (its RUN_STARTED is stored).
+      for (let tries = 0; tries < 50; tries++) {
+        const { runs } = await client.runs(thread);
+        if (runs.some((r) => r.runId === runId)) {
+          this.#setHash({ branch: runId });
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    } catch (error) {
+      this.#notify("error", `the agent could not be run: ${describe(error)}`);
+    }
   }
 
   // -- rendering --------------------------------------------------------------------------------------

@@ -1347,6 +1347,7 @@ async def test_runs_lists_the_tree_of_runs(harness: Harness) -> None:
     await client.publish(thread, [started("r3", parent="r1"), ended("r3")])
     reply = await client.request({"type": "runs", "thread": thread})
     assert reply["type"] == "runs" and reply["thread"] == thread and reply["more"] is False
+    assert reply["agents"] == []  # none configured on this gateway
     assert [(r["runId"], r["parentRunId"], r["status"]) for r in reply["runs"]] == [
         ("r1", None, "finished"),
         ("r2", "r1", "finished"),
