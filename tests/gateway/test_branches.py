@@ -20,8 +20,9 @@ from agui_hub.agui.runs import RunTree
 from agui_hub.gateway.fanout.branches import Branch
 from agui_hub.gateway.fanout.entries import EntryReader
 from agui_hub.gateway.fanout.history import fold_history
-from agui_hub.store.contract import EventInput
+from agui_hub.store.contract import Checkpoint, EventInput, Retention
 from agui_hub.store.memory import MemoryStore
+from agui_hub.wire.codec import encode_msgpack
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,3 +119,39 @@ def test_a_branch_folds_the_runs_on_its_path(
     expected = fold([e for run in path for e in events[run]])
     assert state.messages == expected.messages
     assert state.state == expected.state
+
+
+async def test_a_trimmed_branch_is_served_from_a_checkpoint_that_belongs_to_it() -> None:
+    """Its early runs trimmed: folded from the latest checkpoint that holds no other
+    branch's runs (complete), or else from what is left (incomplete)."""
+    store = MemoryStore(retention=Retention(max_len=12))
+    runs = [("r0", None), ("r1", None), ("r2", "r0"), ("r3", None)]  # r2 regenerates r1
+    events = {run: run_events(run, parent, i) for i, (run, parent) in enumerate(runs)}
+    await store.append(THREAD, [EventInput.of(e, None) for e in events["r0"]])
+    # A checkpoint after r0, the fold of r0 alone: it belongs to every branch.
+    checkpointed = fold(events["r0"])
+    after_r0 = await store.last_offset(THREAD)
+    epoch = await store.epoch(THREAD)
+    assert epoch is not None
+    packed = encode_msgpack(checkpointed.compact())
+    await store.put_checkpoint(THREAD, Checkpoint(after_r0, epoch, packed, True))
+    for run, _ in runs[1:]:
+        await store.append(THREAD, [EventInput.of(e, None) for e in events[run]])
+    kept = await store.read_available(THREAD)
+    assert kept.gap and len(kept.entries) == 12  # r0 and r1 trimmed: r2 and r3 are left
+    tree = RunTree(await store.runs(THREAD))
+
+    async def branch(run: str) -> Any:
+        return await fold_history(
+            store, THREAD, StateLimits(), EntryReader(THREAD), None,
+            Branch.of(tree, run, follow=False),
+        )  # fmt: skip
+
+    # r3 continues r2: r0, r2, r3. The checkpoint (r0 only) is its; r2 and r3 are stored.
+    on_r3 = await branch("r3")
+    assert on_r3.complete
+    expected = fold([e for run in ("r0", "r2", "r3") for e in events[run]])
+    assert (on_r3.state.messages, on_r3.state.state) == (expected.messages, expected.state)
+    # r1's branch: its own events were trimmed past the checkpoint: incomplete.
+    on_r1 = await branch("r1")
+    assert not on_r1.complete

@@ -1446,6 +1446,34 @@ async def test_a_branch_subscription_sees_its_branch_only(harness: Harness) -> N
     assert both["type"] == "error" and both["code"] == "bad_command", both
 
 
+async def test_a_branch_resumes_over_the_trimmed_runs_of_another(harness: Harness) -> None:
+    """Retention trimmed another branch's run after a branch viewer's position: its
+    resume is complete (none of its events were lost), and it goes on."""
+    gateway = await harness.gateway(retention=Retention(max_len=5))
+    publisher = await harness.client(gateway)
+    thread = "trimmed-branches"
+    await publisher.publish(thread, turn(thread, "r1", "a"))
+    position = (await publisher.publish(thread, turn(thread, "r3", "c", parent="r1")))[-1]
+    epoch = (await publisher.subscribe(thread, "live"))["epoch"]
+    other = turn(thread, "r4", "x", parent="r1")  # another version of r3's answer
+    other[3:3] = [
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m-r4", "delta": f" {i}"} for i in range(3)
+    ]
+    await publisher.publish(thread, other)
+    continued = await publisher.publish(thread, turn(thread, "r5", "e", parent="r3"))
+    viewer = await harness.client(gateway)
+    reply = await viewer.subscribe(thread, {"offset": position, "epoch": epoch}, branch="r3")
+    assert reply["recovered"] is True, reply
+    frames = await viewer.until_offset(thread, continued[-1])
+    assert [o for o, _ in events_of(frames, thread)] == continued
+    # A viewer on r4's branch from the same position lost events of its branch.
+    loser = await harness.client(gateway)
+    lost = await loser.subscribe(thread, {"offset": position, "epoch": epoch}, branch="r4")
+    assert lost["recovered"] is False
+    snapshot = await loser.recv()
+    assert snapshot["type"] == "snapshot" and snapshot["complete"] is False
+
+
 # -- thread re-created ----------------------------------------------------------------------
 
 

@@ -44,6 +44,8 @@ class Branch:
     ``parentRunId`` continues it)."""
     _starts: list[tuple[tuple[int, int], str]] = field(default_factory=list, repr=False)
     _others_from: tuple[int, int] | None = None
+    _ends: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+    _parents: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, tree: RunTree, run_id: str, *, follow: bool, at: Offset = START) -> Branch:
@@ -65,6 +67,12 @@ class Branch:
             None,
             sorted((offset_key(r.first), r.run_id) for r in tree.runs),
             min(others) if others else None,
+            {
+                r.run_id: offset_key(r.last)
+                for r in tree.runs
+                if r.last is not None and r.status is not RunState.RUNNING
+            },
+            {r.run_id: r.parent_run_id for r in tree.runs},
         )
         branch.current = branch.run_at(at)
         return branch
@@ -78,6 +86,8 @@ class Branch:
             self.current,
             self._starts,
             self._others_from,
+            self._ends,
+            self._parents,
         )
 
     def run_at(self, offset: Offset) -> str | None:
@@ -103,6 +113,24 @@ class Branch:
                 return True
             return False
         return not run or run in self.runs
+
+    def lost(self, after: Offset, trimmed: Offset) -> bool:
+        """Whether entries of this branch were among those trimmed after *after* up
+        to *trimmed* (those of other branches' runs do not matter to it). When
+        not, the judging goes on from *trimmed*."""
+        low, high = offset_key(after), offset_key(trimmed)
+        current = self.run_at(after)
+        if current is None or current in self.runs:
+            end = self._ends.get(current) if current is not None else None
+            if end is None or end > low:
+                return True  # the run going at `after` (or events of no run) went on
+        for key, run in self._starts:
+            if low < key <= high and (
+                run in self.runs or (self.follow and self._parents.get(run) == self.tip)
+            ):
+                return True  # a run of the branch, or one that would have joined it
+        self.current = self.run_at(trimmed)
+        return False
 
     def covers(self, checkpoint: Checkpoint) -> bool:
         """Whether *checkpoint* folds this branch's events only (no run of

@@ -586,8 +586,11 @@ class ThreadChannel:
             self.request_reset(page.epoch)
             await asyncio.sleep(RESET_WAIT)
             return None
-        if page.gap:
-            # Trimmed: the client cannot get every event after its position.
+        if page.gap and (
+            member.branch is None or page.trimmed is None or member.branch.lost(after, page.trimmed)
+        ):
+            # Trimmed: the client cannot get every event after its position (on a
+            # branch: of that branch; other branches' trimmed runs do not count).
             del self.members[sub]
             return await self._join_with_snapshot(sub, command_id, view, recovered=False)
         # The reply, then the history up to the cursor, then live: the epoch and

@@ -96,7 +96,9 @@ async def fold_history(
             elif page.epoch != epoch:
                 restart = True  # re-created between two reads
                 break
-            if page.gap:
+            if page.gap and (
+                judge is None or page.trimmed is None or judge.lost(after, page.trimmed)
+            ):
                 complete = False  # trimmed before it could be folded
                 if page.trimmed is not None:
                     kept = RecentEntries(page.trimmed, bounds)  # what follows is contiguous
