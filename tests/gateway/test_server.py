@@ -1461,6 +1461,9 @@ async def test_a_branch_resumes_over_the_trimmed_runs_of_another(harness: Harnes
     ]
     await publisher.publish(thread, other)
     continued = await publisher.publish(thread, turn(thread, "r5", "e", parent="r3"))
+    # The channel has relayed the lot (its own feed may have had to reload over the
+    # trimming: that resyncs everyone, and is not what is tested here).
+    await publisher.collect(lambda f: f.get("offset") == continued[-1])
     viewer = await harness.client(gateway)
     reply = await viewer.subscribe(thread, {"offset": position, "epoch": epoch}, branch="r3")
     assert reply["recovered"] is True, reply
