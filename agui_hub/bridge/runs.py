@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from ..agui.events import RunAgentInput, parse_message, to_wire
+from ..agui.runs import RunState as RunStatus
 from ..agui.runs import RunTree
 from ..errors import (
     InvalidEvent,
@@ -199,25 +200,24 @@ class Bridge:
         run_id: str | None,
         parent_run_id: str | None = None,
     ) -> BridgedRun:
-        folded, epoch, _cursor = await self.hub.fold(thread)
-        if folded.run_active:
+        # One run at a time in a thread, whatever its branch. The input is a
+        # branch's: the one asked for, as of its end, or else the latest run's
+        # when the thread has branches (without, that is the whole thread).
+        tree = RunTree(await self.hub.runs(thread))
+        latest = tree.runs[-1] if tree.runs else None
+        if given is None and (parent_run_id is not None or len(tree.tips()) > 1):
+            if latest is not None and latest.status is RunStatus.RUNNING:
+                raise self._run_active(thread, latest.run_id)
+            parent = parent_run_id or (latest.run_id if latest is not None else None)
+            assert parent is not None  # a tree with two tips has runs
+            folded, epoch, _cursor = await self.hub.fold(thread, branch=parent, tree=tree)
+            last_run = latest.run_id if latest is not None else None
+        else:
+            folded, epoch, _cursor = await self.hub.fold(thread)
             current = folded.current_run
-            raise RunActive(
-                f"thread {thread!r} has run {current.run_id if current else None!r} going "
-                "(its RUN_FINISHED or RUN_ERROR is not stored yet): cancel it or wait; if the "
-                "gateway relaying it crashed, end it with `agui-hub cancel THREAD --abandoned`"
-            )
-        last = folded.current_run
-        if given is None:
-            # One run at a time in a thread, whatever its branch (judged on the
-            # whole thread above). The input is a branch's: the one asked for,
-            # as of its end, or else the latest run's, when the thread has
-            # branches (without, that is the whole thread, folded already).
-            parent = parent_run_id or (last.run_id if last is not None else None)
-            if parent is not None and (
-                parent_run_id is not None or len(RunTree(await self.hub.runs(thread)).tips()) > 1
-            ):
-                folded, _, _ = await self.hub.fold(thread, branch=parent)
+            if folded.run_active:
+                raise self._run_active(thread, current.run_id if current else None)
+            last_run = current.run_id if current is not None else None
         known = {m.get("id") for m in folded.messages}
         if given is not None:
             try:
@@ -241,8 +241,8 @@ class Bridge:
             }
             if parent_run_id is not None:
                 wire["parentRunId"] = parent_run_id
-            elif last is not None and last.run_id is not None:
-                wire["parentRunId"] = last.run_id
+            elif last_run is not None:
+                wire["parentRunId"] = last_run
             try:
                 wire = to_wire(RunAgentInput.model_validate(wire))
             except ValueError as exc:
@@ -259,6 +259,14 @@ class Bridge:
             new_messages=new,
             subject=subject,
             epoch=epoch,
+        )
+
+    @staticmethod
+    def _run_active(thread: str, run_id: str | None) -> RunActive:
+        return RunActive(
+            f"thread {thread!r} has run {run_id!r} going (its RUN_FINISHED or RUN_ERROR is "
+            "not stored yet): cancel it or wait; if the gateway relaying it crashed, end it "
+            "with `agui-hub cancel THREAD --abandoned`"
         )
 
     def cancel(self, thread: str, *, by: str, run_id: str | None = None) -> BridgedRun:

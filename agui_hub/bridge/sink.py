@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..agui.reducer import ThreadState
-from ..agui.runs import RunInfo
+from ..agui.runs import RunInfo, RunTree
 from ..wire.offsets import Offset
 
 __all__ = ["ThreadSink"]
@@ -23,10 +23,11 @@ class ThreadSink(Protocol):
     """Reads a thread as stored, and stores events into it the way a publish does."""
 
     async def fold(
-        self, thread: str, branch: str | None = None
+        self, thread: str, branch: str | None = None, tree: RunTree | None = None
     ) -> tuple[ThreadState, str | None, Offset]:
         """The thread as stored now, folded: ``(state, epoch, cursor)``; with
-        *branch*, only the branch that ends with that run, as of its end.
+        *branch*, only the branch that ends with that run, as of its end
+        (*tree*: the thread's runs, when the caller has read them already).
 
         The bridge builds a run's input from it and checks that no run is open.
         Raises :class:`~agui_hub.errors.UnknownRun` for a *branch* that is no

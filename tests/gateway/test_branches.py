@@ -155,3 +155,27 @@ async def test_a_trimmed_branch_is_served_from_a_checkpoint_that_belongs_to_it()
     # r1's branch: its own events were trimmed past the checkpoint: incomplete.
     on_r1 = await branch("r1")
     assert not on_r1.complete
+
+
+async def test_a_followed_branch_keeps_runs_whose_start_was_trimmed() -> None:
+    """A subscriber on r1 follows r2 and r4 (they continue it): when r4's
+    RUN_STARTED is trimmed, the index still says r4 is on the branch, and the run
+    after it (no parentRunId: it continues r4) joins too; r3 (from r0) never."""
+    store = MemoryStore(retention=Retention(max_len=8))
+    runs = [("r0", None), ("r1", None), ("r3", "r0"), ("r2", "r1"), ("r4", "r2")]
+    events = {run: run_events(run, parent, i) for i, (run, parent) in enumerate(runs)}
+    # r4 has nine events, one more than the retention keeps: its start is trimmed.
+    events["r4"][3:3] = [{"type": "TEXT_MESSAGE_CONTENT", "messageId": "a-r4", "delta": "."}] * 3
+    for run, _ in runs:
+        await store.append(THREAD, [EventInput.of(e, None) for e in events[run]])
+    tree = RunTree(await store.runs(THREAD))
+    branch = Branch.of(tree, "r1", follow=True)
+    assert (branch.runs, branch.tip) == ({"r0", "r1", "r2", "r4"}, "r4")  # never r3
+    folded = await fold_history(store, THREAD, StateLimits(), EntryReader(THREAD), None, branch)
+    assert not folded.complete and folded.branch is not None
+    assert folded.branch.current == "r4"  # the thread's run where the fold stopped
+    next_run = run_events("r5", None, 5)  # continues the run before it: r4
+    await store.append(THREAD, [EventInput.of(e, None) for e in next_run])
+    page = await store.read_available(THREAD, after=folded.cursor)
+    judged = [folded.branch.admits(entry) for entry in page.entries]
+    assert judged == [True] * len(next_run) and folded.branch.tip == "r5"

@@ -1477,6 +1477,65 @@ async def test_a_branch_resumes_over_the_trimmed_runs_of_another(harness: Harnes
     assert snapshot["type"] == "snapshot" and snapshot["complete"] is False
 
 
+async def test_a_branch_is_resynced_when_trimming_overtakes_the_gateway(
+    harness: Harness,
+) -> None:
+    """Appends faster than the live reader, over a short retention: the channel
+    reloads the thread in the same epoch. A branch viewer gets a snapshot of its
+    branch (as a whole-thread viewer gets one of the thread), never anything of
+    another branch, and goes on."""
+    gateway = await harness.gateway(retention=Retention(max_len=6))
+    publisher = await harness.client(gateway)
+    thread = "overtaken-branch"
+    await publisher.publish(thread, turn(thread, "r1", "a"))
+    await publisher.publish(thread, turn(thread, "r2", "b"))
+    on_r2, whole = await harness.client(gateway), await harness.client(gateway)
+    epoch = (await on_r2.subscribe(thread, "live", branch="r2"))["epoch"]
+    await whole.subscribe(thread, "live")
+    long_run = turn(thread, "r3", "c", parent="r2")  # longer than the retention
+    long_run[3:3] = [
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m-r3", "delta": f" {i}"} for i in range(9)
+    ]
+    await publisher.publish(thread, long_run)
+    others = await publisher.publish(thread, turn(thread, "r4", "x", parent="r1"))
+    others += await publisher.publish(thread, turn(thread, "r5", "y"))  # continues r4
+    on_r3 = await publisher.publish(thread, turn(thread, "r6", "e", parent="r3"))
+
+    async def until_at(client: Client, offset: str) -> list[Frame]:
+        """Frames up to the event at *offset*, or a snapshot that folds it."""
+        return await client.collect(
+            lambda f: f["type"] in ("event", "snapshot") and f["offset"] == offset
+        )
+
+    frames = await until_at(on_r2, on_r3[-1])
+    assert not [f for f in frames if f["type"] == "error"], frames
+    assert not {o for o, _ in events_of(frames, thread)} & set(others), "another branch's"
+    resyncs = [i for i, f in enumerate(frames) if f["type"] == "subscribed"]
+    base: Any = None
+    tail = frames
+    for at in resyncs:  # each a reply without id, then the branch's snapshot
+        resync, snapshot = frames[at : at + 2]
+        assert resync["recovered"] is False and resync["epoch"] == epoch and "id" not in resync
+        assert snapshot["type"] == "snapshot" and snapshot["offset"] == resync["offset"]
+        shown = texts(folded(snapshot["events"])[0])
+        assert not {"x", "y"} & set(shown), shown
+        base, tail = fold(snapshot["events"]), frames[at + 2 :]
+    if not resyncs:  # the memory store's feed hands appends over as they are made
+        assert isinstance(gateway.store, MemoryStore), "the channel did not reload"
+    messages = folded([e for _, e in events_of(tail, thread)], base)[0]
+    assert texts(messages)[-1:] == ["e"], messages
+    await until_at(whole, on_r3[-1])
+    # The subscription is alive: it goes on with its branch (r7 continues r6).
+    more = await publisher.publish(thread, turn(thread, "r7", "f"))
+    assert await until_at(on_r2, more[-1])
+    skipped = await publisher.publish(thread, turn(thread, "r8", "z", parent="r4"))
+    more = await publisher.publish(thread, turn(thread, "r9", "g", parent="r7"))
+    frames = await until_at(on_r2, more[-1])
+    assert not {o for o, _ in events_of(frames, thread)} & set(skipped)
+    for snapshot in only(frames, "snapshot"):
+        assert "z" not in texts(folded(snapshot["events"])[0])
+
+
 # -- thread re-created ----------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from ...agui.runs import RunState, RunTree
 from ...store.contract import Checkpoint, Entry
 from ...wire.offsets import START, Offset, offset_key
 
-__all__ = ["Branch", "branch_head"]
+__all__ = ["Branch", "JoinView", "branch_head"]
 
 
 @dataclass(slots=True)
@@ -54,14 +54,22 @@ class Branch:
         ended (or goes on while the tip runs)."""
         path = tree.path(run_id)
         runs = {r.run_id for r in path}
-        tip = path[-1]
+        last = path[-1]
         until = None
-        if not follow and tip.last is not None and tip.status is not RunState.RUNNING:
-            until = offset_key(tip.last)
+        if not follow and last.last is not None and last.status is not RunState.RUNNING:
+            until = offset_key(last.last)
+        tip = run_id
+        if follow:
+            # The runs that already continue it, as the index knows them: their
+            # RUN_STARTED may be trimmed, or come before *at*.
+            for run in tree.runs:  # in the order they started
+                if run.run_id not in runs and run.parent_run_id == tip:
+                    runs.add(run.run_id)
+                    tip = run.run_id
         others = [offset_key(r.first) for r in tree.runs if r.run_id not in runs]
         branch = cls(
             runs,
-            run_id,
+            tip,
             follow,
             until,
             None,
@@ -116,21 +124,20 @@ class Branch:
 
     def lost(self, after: Offset, trimmed: Offset) -> bool:
         """Whether entries of this branch were among those trimmed after *after* up
-        to *trimmed* (those of other branches' runs do not matter to it). When
-        not, the judging goes on from *trimmed*."""
+        to *trimmed* (those of other branches' runs do not matter to it). Either
+        way, the judging goes on from *trimmed*."""
         low, high = offset_key(after), offset_key(trimmed)
         current = self.run_at(after)
+        self.current = self.run_at(trimmed)
         if current is None or current in self.runs:
             end = self._ends.get(current) if current is not None else None
             if end is None or end > low:
                 return True  # the run going at `after` (or events of no run) went on
-        for key, run in self._starts:
-            if low < key <= high and (
-                run in self.runs or (self.follow and self._parents.get(run) == self.tip)
-            ):
-                return True  # a run of the branch, or one that would have joined it
-        self.current = self.run_at(trimmed)
-        return False
+        return any(
+            low < key <= high
+            and (run in self.runs or (self.follow and self._parents.get(run) == self.tip))
+            for key, run in self._starts
+        )  # a run of the branch, or one that would have joined it
 
     def covers(self, checkpoint: Checkpoint) -> bool:
         """Whether *checkpoint* folds this branch's events only (no run of
@@ -156,13 +163,30 @@ def branch_head(tree: RunTree, run_id: str) -> Offset:
     A branch subscriber's ``subscribed`` reply carries it instead of the
     thread's newest offset, so that a client knows when it has caught up.
     """
-    path = tree.path(run_id)
-    runs = {r.run_id for r in path}
-    tip = run_id
-    for run in tree.runs:  # in the order they started
-        if run.run_id not in runs and run.parent_run_id == tip:
-            runs.add(run.run_id)
-            tip = run.run_id
+    runs = Branch.of(tree, run_id, follow=True).runs
     lasts = [r.last for r in tree.runs if r.run_id in runs and r.last is not None]
     firsts = [r.first for r in tree.runs if r.run_id in runs]
     return max([*lasts, *firsts], key=offset_key, default=START)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinView:
+    """What a joining subscriber asked to see: one run, one branch (*tree* is the
+    thread's runs then), or everything."""
+
+    run: str | None
+    tree: RunTree | None
+    branch: str | None
+
+    def reply_offset(self, cursor: Offset) -> Offset:
+        """The ``offset`` of a history join's reply: the thread's (the cursor), or
+        on a branch, the branch's newest event (see :func:`branch_head`)."""
+        if self.tree is None or self.branch is None:
+            return cursor
+        return branch_head(self.tree, self.branch)
+
+    def branch_at(self, at: Offset) -> Branch | None:
+        """The branch to judge the entries after *at* with (``None``: no branch)."""
+        if self.tree is None or self.branch is None:
+            return None
+        return Branch.of(self.tree, self.branch, follow=True, at=at)

@@ -23,7 +23,9 @@ closed. The channel hands the work to collaborators, one concern each:
   resume storm reads no store;
 * :mod:`~agui_hub.gateway.fanout.catchup` replays history to members, paced by
   their sockets;
-* :mod:`~agui_hub.gateway.fanout.entries` decodes, folds and encodes entries.
+* :mod:`~agui_hub.gateway.fanout.entries` decodes, folds and encodes entries;
+* :mod:`~agui_hub.gateway.fanout.resyncs` sends branch members their branch's
+  snapshot after a reload (the channel's state folds every branch).
 
 Failures stay where they start: an entry that cannot be folded or encoded is
 relayed to whoever can take it (or skipped, with a logged reason) and marks
@@ -38,7 +40,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ...agui.patch import YIELD_WORK, StateLimits, WorkBudget
@@ -65,13 +66,14 @@ from ...wire.protocol import (
     subscribed_frame,
 )
 from ..writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
-from .branches import Branch, branch_head
+from .branches import Branch, JoinView
 from .catchup import FIRST_PAGE, RESET_WAIT, CatchUps
 from .checkpoints import Checkpointer
 from .entries import EntryReader
 from .history import LOAD_ATTEMPTS, fold_history
 from .members import Member, Phase, Subscriber
 from .recent import DEFAULT_RECENT_BUDGET, RecentBounds, RecentBudget, RecentEntries
+from .resyncs import BranchResyncs
 
 __all__ = ["Hub", "Phase", "Subscriber", "ThreadChannel"]
 
@@ -84,28 +86,6 @@ YIELD_BYTES = 256 * 1024
 
 class _Reload(Exception):
     """The channel was reset or closed while a join waited: start the join again."""
-
-
-@dataclass(frozen=True, slots=True)
-class _View:
-    """What a joining subscriber asked to see: one run, one branch, or everything."""
-
-    run: str | None
-    tree: RunTree | None
-    branch: str | None
-
-    def reply_offset(self, cursor: Offset) -> Offset:
-        """The ``offset`` of a history join's reply: the thread's (the cursor), or
-        on a branch, the branch's newest event (see :func:`branch_head`)."""
-        if self.tree is None or self.branch is None:
-            return cursor
-        return branch_head(self.tree, self.branch)
-
-    def branch_at(self, at: Offset) -> Branch | None:
-        """The branch to judge the entries after *at* with (``None``: no branch)."""
-        if self.tree is None or self.branch is None:
-            return None
-        return Branch.of(self.tree, self.branch, follow=True, at=at)
 
 
 class ThreadChannel:
@@ -135,6 +115,7 @@ class ThreadChannel:
         self._recent_bounds = RecentBounds.for_store(hub.store)
         self._recent = RecentEntries(START, self._recent_bounds, hub.recent_memory)
         """The latest entries, counted in the hub's budget."""
+        self._resyncs = BranchResyncs(self, hub.store)
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -260,25 +241,21 @@ class ThreadChannel:
         if self._feed is not None:
             await self._feed.close()
             self._feed = None
+        old_epoch = self.epoch
         await self._load()
         for sub, member in list(self.members.items()):
             if member.phase is Phase.JOINING:
                 continue  # its join notices the new generation and replies itself
             self._catch_ups.stop(member)
             if member.branch is not None:
-                # A new epoch has none of the old one's runs: the branch is gone.
-                del self.members[sub]
-                sub.ended(self.thread)
-                self._send(
-                    sub,
-                    error_frame(
-                        "unknown_run",
-                        f"subscription to thread {self.thread!r} ended: the thread was "
-                        "re-created and its runs are gone; subscribe again",
-                        None,
-                        self.thread,
-                    ),
-                )
+                if self.epoch == old_epoch:
+                    # Trimming overtook this channel: the branch is still stored,
+                    # its snapshot is a fold of the store (the channel's state
+                    # folds every branch), read off the relay's path.
+                    member.phase = Phase.JOINING
+                    self._resyncs.start(sub, member)
+                else:  # a new epoch has none of the old one's runs: the branch is gone
+                    self.end_branch(sub, "the thread was re-created and its runs are gone")
                 continue
             member.phase = Phase.LIVE
             member.set_last(self.cursor)
@@ -288,6 +265,20 @@ class ThreadChannel:
             sub.send(self._snapshot_bytes(sub.encoding))
         if not self.members:
             self.hub._forget(self)  # every member followed a branch that is gone
+
+    def end_branch(self, sub: Subscriber, why: str) -> None:
+        """End *sub*'s branch subscription with an error frame ``unknown_run``."""
+        del self.members[sub]
+        sub.ended(self.thread)
+        self._send(
+            sub,
+            error_frame(
+                "unknown_run",
+                f"subscription to thread {self.thread!r} ended: {why}; subscribe again",
+                None,
+                self.thread,
+            ),
+        )
 
     def request_reset(self, epoch: str | None) -> None:
         """Make the pump reload: the store has another epoch than this channel.
@@ -310,6 +301,7 @@ class ThreadChannel:
         self._checkpoints.stop()
         for member in self.members.values():
             self._catch_ups.stop(member, cancel=True)
+        self._resyncs.cancel()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -449,7 +441,7 @@ class ThreadChannel:
                     )
                 if self.closed or self.generation != generation:
                     continue
-            view = _View(run, tree, branch)
+            view = JoinView(run, tree, branch)
             joined: bool | None
             if isinstance(start, Position):
                 if start.epoch is not None and start.epoch != self.epoch:
@@ -496,7 +488,7 @@ class ThreadChannel:
                 return joined
         raise StoreUnavailable(f"thread {self.thread!r} kept being reset; subscribe again")
 
-    def _join_live(self, sub: Subscriber, command_id: Any, view: _View, at: Offset) -> bool:
+    def _join_live(self, sub: Subscriber, command_id: Any, view: JoinView, at: Offset) -> bool:
         branch = view.branch_at(at)
         if branch is not None and at == self.cursor:
             # The index was read before this instant; the channel's own fold
@@ -508,11 +500,11 @@ class ThreadChannel:
         return True
 
     async def _join_with_snapshot(
-        self, sub: Subscriber, command_id: Any, view: _View, *, recovered: bool
+        self, sub: Subscriber, command_id: Any, view: JoinView, *, recovered: bool
     ) -> bool | None:
         """Join with a snapshot at the cursor; ``None``: start the join again."""
         if view.tree is not None:
-            return await self._join_branch_with_snapshot(sub, command_id, view, recovered)
+            return await self.join_branch_snapshot(sub, command_id, view, recovered)
         self.members[sub] = Member(Phase.LIVE, offset_key(self.cursor), self.cursor, view.run)
         self._send(
             sub, subscribed_frame(command_id, self.thread, self.epoch, self.cursor, recovered)
@@ -522,17 +514,25 @@ class ThreadChannel:
         sub.send(self._snapshot_bytes(sub.encoding))
         return recovered
 
-    async def _join_branch_with_snapshot(
-        self, sub: Subscriber, command_id: Any, view: _View, recovered: bool
+    async def join_branch_snapshot(
+        self,
+        sub: Subscriber,
+        command_id: Any,
+        view: JoinView,
+        recovered: bool,
+        replacing: Member | None = None,
     ) -> bool | None:
         """A branch's snapshot: its runs folded from the store (the channel's
-        state folds every branch), then what the channel relayed past it."""
+        state folds every branch), then what the channel relayed past it.
+        *replacing*: the member it resyncs (``False``: that one left meanwhile)."""
         generation = self.generation
         branch = view.branch_at(START)
         assert branch is not None
         folded = await fold_history(
             self.hub.store, self.thread, self.hub.limits, EntryReader(self.thread), None, branch
         )
+        if replacing is not None and self.members.get(sub) is not replacing:
+            return False
         if self.closed or self.generation != generation or folded.epoch != self.epoch:
             return None  # reset while it read: join again
         at = folded.cursor
@@ -550,7 +550,7 @@ class ThreadChannel:
         return recovered
 
     async def _join_with_history(
-        self, sub: Subscriber, command_id: Any, view: _View, after: Offset, generation: int
+        self, sub: Subscriber, command_id: Any, view: JoinView, after: Offset, generation: int
     ) -> bool | None:
         """Join by replaying the events after *after*; returns the reply's ``recovered``
         flag, or ``None``: start the join again."""
@@ -738,11 +738,12 @@ class Hub:
         )
 
     async def fold(
-        self, thread: str, branch: str | None = None
+        self, thread: str, branch: str | None = None, tree: RunTree | None = None
     ) -> tuple[ThreadState, str | None, Offset]:
         """The thread as stored now, folded: ``(state, epoch, cursor)``; with
         *branch* (a run id), only the runs from the root of its tree to that
-        run, up to its end.
+        run, up to its end (*tree*: the thread's runs, when the caller has read
+        them already).
 
         Read from its checkpoint on, as a channel loads; nothing is kept (the
         HTTP bridge builds a run's input from it). Raises
@@ -752,7 +753,9 @@ class Hub:
         path = None
         if branch is not None:
             try:
-                path = Branch.of(RunTree(await self.store.runs(thread)), branch, follow=False)
+                if tree is None:
+                    tree = RunTree(await self.store.runs(thread))
+                path = Branch.of(tree, branch, follow=False)
             except KeyError:
                 raise UnknownRun(
                     f"thread {thread!r} has no run {branch!r} (the runs command lists them)"
