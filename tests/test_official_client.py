@@ -717,3 +717,31 @@ async def test_the_official_client_on_a_branch_ends_with_the_hubs_branch_snapsho
         assert_clean(report)
         assert report["state"] == hub["state"]
         assert report["messages"] == hub["messages"], (leaf, path)
+
+
+async def test_run_agent_on_a_branch_starts_a_new_version_there(gateways: Gateways) -> None:
+    """HubAgent on a branch: runAgent() hands startRun an input whose parentRunId is
+    the branch's latest run, the agent publishes its run there, and HubAgent ends
+    with that branch (never the other one)."""
+    gateway = gateways.start(None)
+    thread = new_thread()
+    for run_id, parent in [("r1", None), ("r2", None), ("r3", "r1")]:  # r3 regenerates r2
+        run = demo_events(thread, run_id)
+        if parent is not None:
+            run[0] = {**run[0], "parentRunId": parent}
+        await publish(gateway.url, thread, run)
+    demo = [sys.executable, "-m", "agui_hub.cli", "demo", thread, "--run-id", "RUN_ID",
+            "--parent-run-id", "PARENT_RUN_ID", "--speed", "0", "--url", gateway.url]  # fmt: skip
+    steps = [{"op": "connect"}, {"op": "run", "command": demo}]
+    async with node_agent(gateway.url, thread, steps, encoding="json", branch="r2") as agent:
+        report = await agent.result()
+    assert_clean(report)
+    connect, run = report["steps"]
+    assert connect.get("error") is None and run.get("error") is None, report["steps"]
+    run_id = run["newMessages"][0].rsplit("-", 1)[0]
+    async with HubClient(gateway.url) as hub:
+        tree = await hub.runs(thread)
+    assert tree.by_id[run_id].parent_run_id == "r2"  # a new version after r2, not after r3
+    hub_view = await branch_view(gateway.url, thread, run_id)
+    assert report["messages"] == hub_view["messages"]
+    assert not [m for m in report["messages"] if m["id"].startswith("r3-")]

@@ -19,7 +19,10 @@ Each test runs a real ``agui-hub serve`` process and opens the page it serves
 * a token typed for one gateway is offered to that one only, not to the
   gateway of a ``?hub=`` link opened in the same tab;
 * a thread the token does not grant: the indicator says ``not following``
-  (not ``live``) until a thread it may read is chosen.
+  (not ``live``) until a thread it may read is chosen;
+* a thread that branches: each "2 of 3" switch is in the transcript, at
+  the message where the versions differ, and flips between them without a
+  reload, live events and all.
 """
 
 from __future__ import annotations
@@ -610,7 +613,10 @@ async def test_the_indicator_says_when_a_thread_is_not_followed(
 # -- branches: regenerated answers and an edited question ------------------------------------
 
 
-def branch_run(thread: str, run: str, question: str, answer: str, parent: str | None) -> list[Any]:
+def branch_run(
+    thread: str, run: str, question: str, answer: str, parent: str | None, asked: str | None = None
+) -> list[Any]:
+    """A run answering *question* (message id *asked*: a regenerate asks an earlier one)."""
     started: dict[str, Any] = {
         "type": "RUN_STARTED",
         "threadId": thread,
@@ -618,7 +624,7 @@ def branch_run(thread: str, run: str, question: str, answer: str, parent: str | 
         "input": {
             "threadId": thread,
             "runId": run,
-            "messages": [{"id": f"q-{run}", "role": "user", "content": question}],
+            "messages": [{"id": asked or f"q-{run}", "role": "user", "content": question}],
             "state": {},
             "tools": [],
             "context": [],
@@ -633,6 +639,47 @@ def branch_run(thread: str, run: str, question: str, answer: str, parent: str | 
         {"type": "TEXT_MESSAGE_END", "messageId": f"a-{run}"},
         {"type": "RUN_FINISHED", "threadId": thread, "runId": run},
     ]
+
+
+# Where each fork's switch is in the transcript: the run section it is in, the message of
+# that section it is on (the run's question), or the first message it is over, and the
+# answers of that run.
+FORKS_SHOWN = """() => {
+    const transcript = document.querySelector("[data-testid=transcript]");
+    const text = (m) => m && `${m.dataset.role}: ${m.querySelector(".content").textContent}`;
+    return [...document.querySelectorAll("[data-testid=fork]")].map((fork) => {
+        const run = fork.closest(".run");
+        if (!transcript.contains(fork) || !run) {
+            const top = fork.parentElement.parentElement === transcript
+                && fork.parentElement === transcript.firstElementChild;
+            return {at: transcript.contains(fork) ? (top ? "top" : "elsewhere") : "outside"};
+        }
+        const body = run.querySelector(":scope > .run-body");
+        const on = fork.parentElement.closest(".msg");
+        return {
+            label: fork.querySelector(".fork-label").textContent,
+            run: run.querySelector(".run-title").textContent,
+            on: on && on.parentElement === body ? text(on) : null,
+            over: fork.nextElementSibling === body ? text(body.firstElementChild) : null,
+            answers: [...body.querySelectorAll(".msg[data-role=assistant] > .content")]
+                .map((content) => content.textContent),
+        };
+    });
+}"""
+
+
+async def forks_shown(viewer: Viewer, expected: list[dict[str, Any]]) -> None:
+    """Wait until the page shows its fork switches as *expected* (see FORKS_SHOWN)."""
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while (shown := await viewer.page.evaluate(FORKS_SHOWN)) != expected:
+        assert asyncio.get_running_loop().time() < deadline, shown
+        await asyncio.sleep(0.05)
+
+
+def fork_at(
+    label: str, run: str, answer: str, *, on: str | None = None, over: str | None = None
+) -> dict[str, Any]:
+    return {"label": label, "run": run, "on": on, "over": over, "answers": [answer]}
 
 
 async def test_the_page_flips_between_versions_of_an_answer(
@@ -651,8 +698,9 @@ async def test_the_page_flips_between_versions_of_an_answer(
     await viewer.page.wait_for_function(f"() => {forks}.length === 1", timeout=WAIT_MS)
     [fork] = (await viewer.model())["forks"]
     assert (fork["run"], fork["versions"], fork["index"]) == ("r4", ["r2", "r3", "r4"], 2)
-    shown = await viewer.text("branches")
-    assert "3 of 3" in shown and "three plus three?" in shown, shown
+    # On the edited question, in the transcript: where this version begins to differ.
+    edited = "user: three plus three?"
+    await forks_shown(viewer, [fork_at("3 of 3", "run r4 (from r1)", "six", on=edited)])
 
     async def flip(button: str, run: str, shows: str, hides: list[str]) -> None:
         await viewer.page.locator(f"[data-testid={button}]").click()
@@ -670,13 +718,59 @@ async def test_the_page_flips_between_versions_of_an_answer(
         for other in hides:
             assert other not in text, (run, other, text)
 
+    asked = "user: two plus two?"
     await flip("fork-previous", "r3", "it is 4", ["four", "six", "three plus three?"])
-    assert "2 of 3" in await viewer.text("branches")
+    await forks_shown(viewer, [fork_at("2 of 3", "run r3 (from r1)", "it is 4", on=asked)])
     await flip("fork-previous", "r2", "four", ["it is 4", "six"])
+    await forks_shown(viewer, [fork_at("1 of 3", "run r2 (from r1)", "four", on=asked)])
     await flip("fork-next", "r3", "it is 4", ["four", "six"])
+    await forks_shown(viewer, [fork_at("2 of 3", "run r3 (from r1)", "it is 4", on=asked)])
     await flip("fork-next", "r4", "six", ["four", "it is 4", "two plus two?"])
+    await forks_shown(viewer, [fork_at("3 of 3", "run r4 (from r1)", "six", on=edited)])
     assert "three plus three?" in await viewer.transcript()  # the edited question
     assert "#" in viewer.page.url and "branch=r4" in viewer.page.url  # no reload, a link
+    viewer.check_clean()
+
+
+async def test_a_regenerated_answer_has_its_switch_over_it(
+    browser: Browser, gateways: Gateways
+) -> None:
+    """A regenerate asks the question of the version before it again: on the whole
+    thread, that question is shown with that version, so the switch goes over the
+    regenerated answer; it stays there as the thread goes on live; on a branch, the
+    question is the version's own and the switch is on it."""
+    hub = gateway(gateways)
+    thread = "viewer-regenerated"
+    async with HubClient(hub.url) as client:
+        await client.publish(thread, branch_run(thread, "r1", "hello", "hi there", None))
+        await client.publish(thread, branch_run(thread, "r2", "two plus two?", "four", "r1"))
+        await client.publish(
+            thread, branch_run(thread, "r3", "two plus two?", "it is 4", "r1", asked="q-r2")
+        )
+        viewer = await Viewer.open(browser, hub.port, thread)
+        regenerated = fork_at("2 of 2", "run r3 (from r1)", "it is 4", over="assistant: it is 4")
+        await forks_shown(viewer, [regenerated])
+
+        await client.publish(thread, branch_run(thread, "r4", "and three?", "three", "r3"))
+        await viewer.page.wait_for_function(
+            "() => window.aguiViewer.transcriptText().includes('three')", timeout=WAIT_MS
+        )
+        await viewer.wait_runs_ended(4)
+        await forks_shown(viewer, [regenerated])
+
+    asked = "user: two plus two?"
+    for button, run, label, answer, hidden in [
+        ("fork-previous", "r2", "1 of 2", "four", "it is 4"),
+        ("fork-next", "r3", "2 of 2", "it is 4", "four"),
+    ]:
+        await viewer.page.locator(f"[data-testid={button}]").click()
+        await viewer.page.wait_for_function(
+            f"() => window.aguiViewer.model().connection.branch === {run!r}", timeout=WAIT_MS
+        )
+        await forks_shown(viewer, [fork_at(label, f"run {run} (from r1)", answer, on=asked)])
+        text = await viewer.transcript()
+        assert answer in text and hidden not in text, text
+    assert "three" in await viewer.transcript()  # r3's branch goes on with r4
     viewer.check_clean()
 
 

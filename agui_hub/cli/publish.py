@@ -294,6 +294,12 @@ def add_demo_parser(commands: Subcommands) -> None:
     parser.add_argument("--url", help=URL_HELP)
     parser.add_argument("--token", help=TOKEN_HELP)
     parser.add_argument("--run-id", help="the run's id (default: a new one)")
+    parser.add_argument(
+        "--parent-run-id",
+        metavar="RUN",
+        help="the run the first run continues (its RUN_STARTED's parentRunId: a new "
+        "version on that branch); default: the run before it",
+    )
     parser.add_argument("--runs", type=int, default=1, help="how many runs, one after another")
     parser.add_argument(
         "--speed", type=float, default=1.0, help="pace multiplier (2: twice as fast; 0: no pauses)"
@@ -333,6 +339,8 @@ async def demo_command(args: argparse.Namespace) -> int:
             if args.run_id and args.runs > 1:
                 run_id = f"{args.run_id}-{number + 1}"
             events = demo_run(thread, run_id)
+            if number == 0 and args.parent_run_id:
+                events[0][1]["parentRunId"] = args.parent_run_id
             watch = shlex.join(["agui-hub", "tail", thread])
             print(
                 f"agui-hub demo: streaming run {run_id} ({len(events)} events) into thread "

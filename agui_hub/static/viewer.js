@@ -1517,8 +1517,23 @@ function tokenKey(hub) {
 var RECENT_MAX = 12;
 var TREE_CHILDREN_MAX = 500;
 var PREVIEW_CHARS = 140;
+function branchTip(runs, tip) {
+  if (runs.length === 0) return null;
+  const listed = new Set(runs.map((r) => r.runId));
+  const first = /* @__PURE__ */ new Map();
+  for (const run of runs) {
+    const parent = run.parentRunId;
+    if (parent !== null && listed.has(parent) && !first.has(parent)) first.set(parent, run.runId);
+  }
+  let at = tip !== null && listed.has(tip) ? tip : runs[runs.length - 1].runId;
+  const seen = /* @__PURE__ */ new Set([at]);
+  for (let next = first.get(at); next !== void 0 && !seen.has(next); next = first.get(at)) {
+    seen.add(next);
+    at = next;
+  }
+  return at;
+}
 function forksOf(runs, tip) {
-  if (runs.length === 0) return [];
   const byId2 = new Map(runs.map((r) => [r.runId, r]));
   const children = /* @__PURE__ */ new Map();
   for (const run of runs) {
@@ -1527,11 +1542,7 @@ function forksOf(runs, tip) {
     list.push(run.runId);
     children.set(parent, list);
   }
-  let at = tip !== null && byId2.has(tip) ? tip : runs[runs.length - 1].runId;
-  for (let next = at !== null ? children.get(at) : void 0; next && next.length; ) {
-    at = next[0];
-    next = children.get(at);
-  }
+  let at = branchTip(runs, tip);
   const path = [];
   const seen = /* @__PURE__ */ new Set();
   while (at !== null && byId2.has(at) && !seen.has(at)) {
@@ -1876,10 +1887,19 @@ var TranscriptView = class {
   #latest = null;
   // the latest run at the last render
   #empty;
-  constructor(root) {
+  /** The "‹ 2 of 3 ›" switches, by the run each is a version of. */
+  #forks = /* @__PURE__ */ new Map();
+  /** The switches of runs the transcript does not show (trimmed, or not arrived yet). */
+  #unplaced = el("div", "forks-unplaced");
+  /** The id of the question a run answered, if known. */
+  #questionOf;
+  /** Each message id's view, as of the last layout. */
+  #messageById = /* @__PURE__ */ new Map();
+  constructor(root, questionOf) {
     this.root = root;
+    this.#questionOf = questionOf;
     this.#empty = el("div", "empty");
-    this.root.replaceChildren(this.#empty);
+    this.root.replaceChildren(this.#unplaced, this.#empty);
   }
   setEmptyText(parts) {
     this.#empty.replaceChildren(...parts);
@@ -1887,7 +1907,35 @@ var TranscriptView = class {
   clear() {
     this.#messages.clear();
     this.#runs.clear();
-    this.root.replaceChildren(this.#empty);
+    this.root.replaceChildren(this.#unplaced, this.#empty);
+  }
+  setForks(forks) {
+    for (const [run, fork] of this.#forks) if (forks.get(run) !== fork) fork.remove();
+    this.#forks = forks;
+    this.#placeForks();
+  }
+  /** Each switch where the versions differ: on its run's question when the run's section
+   * shows it, else over the section's first message; at the top of the transcript while
+   * the run has no section. */
+  #placeForks() {
+    const sections = /* @__PURE__ */ new Map();
+    for (const [run, view] of this.#runs) {
+      if (run?.runId && !sections.has(run.runId)) sections.set(run.runId, view);
+    }
+    const unplaced = [];
+    for (const [run, fork] of this.#forks) {
+      const view = sections.get(run);
+      const question = this.#questionOf(run);
+      const on = question !== null ? this.#messageById.get(question) : void 0;
+      if (!view) {
+        unplaced.push(fork);
+      } else if (on && on.parentNode === view.body && on.dataset.role === "user") {
+        if (fork.parentNode !== on || fork.nextSibling) on.append(fork);
+      } else if (fork.parentNode !== view.el || fork.nextSibling !== view.body) {
+        view.el.insertBefore(fork, view.body);
+      }
+    }
+    reorder(this.#unplaced, unplaced);
   }
   render(model) {
     const changes = model.takeChanges();
@@ -1920,6 +1968,7 @@ var TranscriptView = class {
     const wanted = /* @__PURE__ */ new Map();
     for (const run of model.runs) wanted.set(run, []);
     const alive = /* @__PURE__ */ new Set();
+    this.#messageById = /* @__PURE__ */ new Map();
     for (const message of model.messages) {
       if (model.isAttachedResult(message)) continue;
       let view = this.#messages.get(message);
@@ -1929,6 +1978,7 @@ var TranscriptView = class {
         created.push(message);
       }
       alive.add(message);
+      this.#messageById.set(message.id, view.el);
       const run = model.runFor(message);
       const key = run !== null && wanted.has(run) ? run : null;
       if (!wanted.has(key)) wanted.set(key, []);
@@ -1951,7 +2001,8 @@ var TranscriptView = class {
     }
     for (const run of [...this.#runs.keys()]) if (!wanted.has(run)) this.#runs.delete(run);
     if (!sections.length) sections.push(this.#empty);
-    reorder(this.root, sections);
+    reorder(this.root, [this.#unplaced, ...sections]);
+    this.#placeForks();
     return created;
   }
 };
@@ -2081,7 +2132,6 @@ var Viewer = class {
   /** RAW and CUSTOM events: "short" (counted on the events line), "hide", "full" (listed). */
   #rawMode = "short";
   #rawShown = -1;
-  #branches = byId("branches");
   /** The thread's runs (the runs command), refreshed when a run starts or ends. */
   #runs = [];
   #forks = [];
@@ -2092,7 +2142,10 @@ var Viewer = class {
   #starts = /* @__PURE__ */ new Map();
   #actions = byId("run-actions");
   constructor() {
-    this.#view = new TranscriptView(testId("transcript"));
+    this.#view = new TranscriptView(testId("transcript"), (run) => {
+      const id = this.#question(run)?.id;
+      return typeof id === "string" ? id : null;
+    });
     this.#state = new JsonTree(byId("state"), 3);
     this.connection = {
       state: "idle",
@@ -2191,6 +2244,8 @@ var Viewer = class {
       this.connection.thread = null;
       this.#closeSubscription();
       this.#closeClient();
+      this.#runs = [];
+      this.#renderBranches();
       this.#showEmpty();
       this.#setStatus("idle");
       return;
@@ -2201,6 +2256,7 @@ var Viewer = class {
       return;
     }
     if (!changedClient && !changedThread && this.#client) return;
+    if (thread !== this.connection.thread) this.#runs = [];
     this.connection.thread = thread;
     document.title = `${thread} · agui-hub viewer`;
     rememberThread(thread);
@@ -2360,15 +2416,18 @@ var Viewer = class {
       this.#renderBranches();
     }).catch(() => void 0);
   }
-  /** "‹ 2 of 3 ›" for each place where the conversation shown has other versions. */
+  /** "‹ 2 of 3 ›" for each place where the conversation shown has other versions, in the
+   * transcript where they begin to differ. */
   #renderBranches() {
     const tip = this.#sub?.branch ?? this.connection.branch;
     this.#forks = this.connection.thread ? forksOf(this.#runs, tip ?? null) : [];
-    this.#branches.hidden = this.#forks.length === 0;
-    this.#branches.replaceChildren(
-      ...this.#forks.map((fork) => {
+    const rows = new Map(
+      this.#forks.map((fork) => {
         const row = el("div", "fork");
         row.dataset.testid = "fork";
+        row.dataset.noText = "";
+        row.setAttribute("role", "group");
+        row.setAttribute("aria-label", "versions of the conversation");
         const go = (step) => {
           const target = fork.versions[(fork.index + step + fork.versions.length) % fork.versions.length];
           this.#setHash({ branch: target });
@@ -2387,9 +2446,10 @@ var Viewer = class {
         const what = el("span", "fork-preview", fork.preview ? fork.preview : fork.run);
         what.title = `run ${fork.run}`;
         row.append(previous, label, next, what);
-        return row;
+        return [fork.run, row];
       })
     );
+    this.#view.setForks(rows);
     this.#renderActions();
   }
   #rememberStart(event) {
@@ -2399,21 +2459,19 @@ var Viewer = class {
    * input), when this page may run an agent from its parent: regenerate, edit. */
   #latest() {
     if (this.#agents.length === 0 || this.#runs.length === 0) return null;
-    const byId2 = new Map(this.#runs.map((r) => [r.runId, r]));
-    const tip = this.#sub?.branch ?? this.connection.branch;
-    let at = tip !== null && tip !== void 0 && byId2.has(tip) ? tip : this.#runs[this.#runs.length - 1].runId;
-    for (let next = this.#runs.find((r) => r.parentRunId === at); next; ) {
-      at = next.runId;
-      const from = at;
-      next = this.#runs.find((r) => r.parentRunId === from);
-    }
-    const run = byId2.get(at);
+    const tip = branchTip(this.#runs, this.#sub?.branch ?? this.connection.branch ?? null);
+    const run = this.#runs.find((r) => r.runId === tip);
     if (!run || run.parentRunId === null || run.status === "running") return null;
-    const input = this.#starts.get(run.runId)?.input;
+    const question = this.#question(run.runId);
+    return question ? { run, question } : null;
+  }
+  /** The question *run* answered: the last user message of its input, if that came. */
+  #question(run) {
+    const input = this.#starts.get(run)?.input;
     const messages = Array.isArray(input?.messages) ? input.messages : [];
     for (let i = messages.length - 1; i >= 0; i--) {
       const message = messages[i];
-      if (message && message.role === "user") return { run, question: message };
+      if (message && message.role === "user") return message;
     }
     return null;
   }

@@ -65,7 +65,8 @@ export interface HubAgentConfig extends AgentConfig {
   /**
    * Starts the agent behind the hub for run(): called once HubAgent follows the
    * thread, so that none of the run's events can be missed. The agent publishes
-   * the run into the thread with `runId` = `input.runId`.
+   * the run into the thread with `runId` = `input.runId` (and, on a branch, its
+   * RUN_STARTED's `parentRunId` = `input.parentRunId`: the branch's latest run).
    */
   startRun?: (input: RunAgentInput) => Promise<void> | void;
 }
@@ -758,7 +759,10 @@ export class HubAgent extends AbstractAgent {
           ),
       );
     }
-    return this.stream("run", input);
+    // On a branch, the new run continues its latest run (a new version there),
+    // unless the application chose another parent.
+    const parentRunId = input.parentRunId ?? this.branch;
+    return this.stream("run", parentRunId === undefined ? input : { ...input, parentRunId });
   }
 
   /** Detaches the active run or connection (the hub has nothing to abort). */

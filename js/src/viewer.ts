@@ -90,9 +90,29 @@ interface Fork {
   preview: string;
 }
 
+/** The last run the page shows of the branch asked for at *tip* (without one, or one not
+ * listed: the latest run's); null without runs. */
+function branchTip(runs: RunInfo[], tip: string | null): string | null {
+  if (runs.length === 0) return null;
+  const listed = new Set(runs.map((r) => r.runId));
+  // A branch asked for at a run that has continuations goes on along the first of them in
+  // start order, as the hub follows it. A parent not listed (trimmed) makes a root.
+  const first = new Map<string, string>();
+  for (const run of runs) {
+    const parent = run.parentRunId;
+    if (parent !== null && listed.has(parent) && !first.has(parent)) first.set(parent, run.runId);
+  }
+  let at = tip !== null && listed.has(tip) ? tip : runs[runs.length - 1].runId;
+  const seen = new Set([at]);
+  for (let next = first.get(at); next !== undefined && !seen.has(next); next = first.get(at)) {
+    seen.add(next);
+    at = next;
+  }
+  return at;
+}
+
 /** The forks along the branch that ends with *tip* (or the latest run's, without one). */
 function forksOf(runs: RunInfo[], tip: string | null): Fork[] {
-  if (runs.length === 0) return [];
   const byId = new Map(runs.map((r) => [r.runId, r]));
   const children = new Map<string | null, string[]>();
   for (const run of runs) {
@@ -101,13 +121,7 @@ function forksOf(runs: RunInfo[], tip: string | null): Fork[] {
     list.push(run.runId);
     children.set(parent, list);
   }
-  let at: string | null = tip !== null && byId.has(tip) ? tip : runs[runs.length - 1].runId;
-  // A branch asked for at a run that has continuations goes on along the first of them
-  // (as the hub follows it).
-  for (let next = at !== null ? children.get(at) : undefined; next && next.length; ) {
-    at = next[0];
-    next = children.get(at);
-  }
+  let at = branchTip(runs, tip);
   const path: string[] = [];
   const seen = new Set<string>();
   while (at !== null && byId.has(at) && !seen.has(at)) {
@@ -496,11 +510,20 @@ class TranscriptView {
   #newRuns: (Run | null)[] = []; // views #layout made, not filled in yet
   #latest: Run | null = null; // the latest run at the last render
   #empty: HTMLElement;
+  /** The "‹ 2 of 3 ›" switches, by the run each is a version of. */
+  #forks = new Map<string, HTMLElement>();
+  /** The switches of runs the transcript does not show (trimmed, or not arrived yet). */
+  readonly #unplaced = el("div", "forks-unplaced");
+  /** The id of the question a run answered, if known. */
+  readonly #questionOf: (run: string) => string | null;
+  /** Each message id's view, as of the last layout. */
+  #messageById = new Map<string, HTMLElement>();
 
-  constructor(root: HTMLElement) {
+  constructor(root: HTMLElement, questionOf: (run: string) => string | null) {
     this.root = root;
+    this.#questionOf = questionOf;
     this.#empty = el("div", "empty");
-    this.root.replaceChildren(this.#empty);
+    this.root.replaceChildren(this.#unplaced, this.#empty);
   }
 
   setEmptyText(parts: (string | HTMLElement)[]): void {
@@ -510,7 +533,39 @@ class TranscriptView {
   clear(): void {
     this.#messages.clear();
     this.#runs.clear();
-    this.root.replaceChildren(this.#empty);
+    this.root.replaceChildren(this.#unplaced, this.#empty);
+  }
+
+  setForks(forks: Map<string, HTMLElement>): void {
+    for (const [run, fork] of this.#forks) if (forks.get(run) !== fork) fork.remove();
+    this.#forks = forks;
+    this.#placeForks();
+  }
+
+  /** Each switch where the versions differ: on its run's question when the run's section
+   * shows it, else over the section's first message; at the top of the transcript while
+   * the run has no section. */
+  #placeForks(): void {
+    const sections = new Map<string, RunView>();
+    for (const [run, view] of this.#runs) {
+      if (run?.runId && !sections.has(run.runId)) sections.set(run.runId, view);
+    }
+    const unplaced: HTMLElement[] = [];
+    for (const [run, fork] of this.#forks) {
+      const view = sections.get(run);
+      const question = this.#questionOf(run);
+      // Not "the section's first message": a snapshot's messages all go to its latest run,
+      // and a regenerated answer's question was shown with the version before it.
+      const on = question !== null ? this.#messageById.get(question) : undefined;
+      if (!view) {
+        unplaced.push(fork);
+      } else if (on && on.parentNode === view.body && on.dataset.role === "user") {
+        if (fork.parentNode !== on || fork.nextSibling) on.append(fork);
+      } else if (fork.parentNode !== view.el || fork.nextSibling !== view.body) {
+        view.el.insertBefore(fork, view.body);
+      }
+    }
+    reorder(this.#unplaced, unplaced);
   }
 
   render(model: Transcript): void {
@@ -549,6 +604,7 @@ class TranscriptView {
     const wanted = new Map<Run | null, HTMLElement[]>();
     for (const run of model.runs) wanted.set(run, []);
     const alive = new Set<Message>();
+    this.#messageById = new Map();
     for (const message of model.messages) {
       if (model.isAttachedResult(message)) continue; // shown with its tool call
       let view = this.#messages.get(message);
@@ -558,6 +614,7 @@ class TranscriptView {
         created.push(message);
       }
       alive.add(message);
+      this.#messageById.set(message.id, view.el);
       const run = model.runFor(message);
       const key = run !== null && wanted.has(run) ? run : null;
       if (!wanted.has(key)) wanted.set(key, []);
@@ -580,7 +637,9 @@ class TranscriptView {
     }
     for (const run of [...this.#runs.keys()]) if (!wanted.has(run)) this.#runs.delete(run);
     if (!sections.length) sections.push(this.#empty);
-    reorder(this.root, sections);
+    reorder(this.root, [this.#unplaced, ...sections]);
+    // A run's question, or its section, may have come or gone.
+    this.#placeForks();
     return created;
   }
 }
@@ -730,7 +789,6 @@ class Viewer {
   /** RAW and CUSTOM events: "short" (counted on the events line), "hide", "full" (listed). */
   #rawMode: "short" | "hide" | "full" = "short";
   #rawShown = -1;
-  readonly #branches = byId<HTMLElement>("branches");
   /** The thread's runs (the runs command), refreshed when a run starts or ends. */
   #runs: RunInfo[] = [];
   #forks: Fork[] = [];
@@ -742,7 +800,10 @@ class Viewer {
   readonly #actions = byId<HTMLElement>("run-actions");
 
   constructor() {
-    this.#view = new TranscriptView(testId("transcript"));
+    this.#view = new TranscriptView(testId("transcript"), (run) => {
+      const id = this.#question(run)?.id;
+      return typeof id === "string" ? id : null;
+    });
     this.#state = new JsonTree(byId("state"), 3);
     this.connection = {
       state: "idle",
@@ -851,6 +912,8 @@ class Viewer {
       this.connection.thread = null;
       this.#closeSubscription();
       this.#closeClient();
+      this.#runs = [];
+      this.#renderBranches();
       this.#showEmpty();
       this.#setStatus("idle");
       return;
@@ -861,6 +924,8 @@ class Viewer {
       return;
     }
     if (!changedClient && !changedThread && this.#client) return;
+    // Another thread's runs would put its switches in this one's transcript.
+    if (thread !== this.connection.thread) this.#runs = [];
     this.connection.thread = thread;
     document.title = `${thread} · agui-hub viewer`;
     rememberThread(thread);
@@ -1040,15 +1105,19 @@ class Viewer {
       .catch(() => undefined); // an older gateway, or no grant: no branch switch
   }
 
-  /** "‹ 2 of 3 ›" for each place where the conversation shown has other versions. */
+  /** "‹ 2 of 3 ›" for each place where the conversation shown has other versions, in the
+   * transcript where they begin to differ. */
   #renderBranches(): void {
     const tip = this.#sub?.branch ?? this.connection.branch;
     this.#forks = this.connection.thread ? forksOf(this.#runs, tip ?? null) : [];
-    this.#branches.hidden = this.#forks.length === 0;
-    this.#branches.replaceChildren(
-      ...this.#forks.map((fork) => {
+    const rows = new Map(
+      this.#forks.map((fork) => {
         const row = el("div", "fork");
         row.dataset.testid = "fork";
+        // A control, not what was said: the transcript's text leaves it out.
+        row.dataset.noText = "";
+        row.setAttribute("role", "group");
+        row.setAttribute("aria-label", "versions of the conversation");
         const go = (step: number) => {
           const target = fork.versions[(fork.index + step + fork.versions.length) % fork.versions.length];
           this.#setHash({ branch: target });
@@ -1067,9 +1136,10 @@ class Viewer {
         const what = el("span", "fork-preview", fork.preview ? fork.preview : fork.run);
         what.title = `run ${fork.run}`;
         row.append(previous, label, next, what);
-        return row;
+        return [fork.run, row] as const;
       }),
     );
+    this.#view.setForks(rows);
     this.#renderActions();
   }
 
@@ -1081,21 +1151,20 @@ class Viewer {
    * input), when this page may run an agent from its parent: regenerate, edit. */
   #latest(): { run: RunInfo; question: Record<string, unknown> } | null {
     if (this.#agents.length === 0 || this.#runs.length === 0) return null;
-    const byId = new Map(this.#runs.map((r) => [r.runId, r]));
-    const tip = this.#sub?.branch ?? this.connection.branch;
-    let at = tip !== null && tip !== undefined && byId.has(tip) ? tip : this.#runs[this.#runs.length - 1].runId;
-    for (let next = this.#runs.find((r) => r.parentRunId === at); next; ) {
-      at = next.runId; // as the hub follows a branch: along the first continuation
-      const from: string = at;
-      next = this.#runs.find((r) => r.parentRunId === from);
-    }
-    const run = byId.get(at);
+    const tip = branchTip(this.#runs, this.#sub?.branch ?? this.connection.branch ?? null);
+    const run = this.#runs.find((r) => r.runId === tip);
     if (!run || run.parentRunId === null || run.status === "running") return null;
-    const input = this.#starts.get(run.runId)?.input as { messages?: unknown[] } | undefined;
+    const question = this.#question(run.runId);
+    return question ? { run, question } : null;
+  }
+
+  /** The question *run* answered: the last user message of its input, if that came. */
+  #question(run: string): Record<string, unknown> | null {
+    const input = this.#starts.get(run)?.input as { messages?: unknown[] } | undefined;
     const messages = Array.isArray(input?.messages) ? input.messages : [];
     for (let i = messages.length - 1; i >= 0; i--) {
       const message = messages[i] as Record<string, unknown>;
-      if (message && message.role === "user") return { run, question: message };
+      if (message && message.role === "user") return message;
     }
     return null;
   }

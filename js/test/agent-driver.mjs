@@ -8,7 +8,8 @@
 //   {op: "detached"}                  connectAgent() with follow "forever"; on a stdin line,
 //                                     detachActiveRun() and await it
 //   {op: "run", command: [...]}       runAgent() with a startRun that runs *command* (in
-//                                     config.commandCwd; RUN_ID in it becomes input.runId)
+//                                     config.commandCwd; RUN_ID in it becomes input.runId,
+//                                     PARENT_RUN_ID input.parentRunId, or "")
 //                                     and waits for it to exit 0
 //   {op: "runWithoutStartRun"}        runAgent() on an agent without startRun (must fail)
 //   {op: "wait", label}               print {"waiting": label}, go on at the next stdin line
@@ -56,8 +57,12 @@ function nextLine() {
   return new Promise((resolve) => waiting.push(resolve));
 }
 
-function runCommand(argv, runId) {
-  const [command, ...args] = argv.map((part) => part.replaceAll("RUN_ID", runId));
+function runCommand(argv, input) {
+  const [command, ...args] = argv.map((part) =>
+    part
+      .replaceAll("PARENT_RUN_ID", input.parentRunId ?? "")
+      .replaceAll("RUN_ID", input.runId),
+  );
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, {
       cwd: config.commandCwd,
@@ -103,7 +108,7 @@ const agent = new HubAgent({
   follow: config.follow ?? "run",
   clientOptions: config.clientOptions ?? { backoffMin: 50, backoffMax: 300 },
   onStatus: (status) => say({ status: status.state, reconnects: status.reconnects }),
-  startRun: (input) => runCommand(config.command ?? [], input.runId),
+  startRun: (input) => runCommand(config.command ?? [], input),
 });
 agent.subscribe(logger);
 
