@@ -35,6 +35,7 @@ the gateway puts into its error frames, and a message a person can act on.
         ├── TooManyRuns               the gateway runs as many upstream runs as it may
         ├── NoActiveRun               a cancel for a thread without a bridged run here
         └── UpstreamError             the upstream agent failed: its run ended with RUN_ERROR
+    └── PresenceOff                   this gateway keeps no presence (--presence off)
     └── ClientError                   a client of the gateway (agui_hub.client) stopped
         ├── HubUnreachable            no connection to the gateway, and retrying gave up
         ├── ConnectionRejected        the gateway closed the connection for good (4401, 4403)
@@ -393,6 +394,13 @@ class UpstreamError(BridgeError):
     @property
     def run_error_code(self) -> str:
         return "AGUI_HUB_" + self.code.upper()
+
+
+class PresenceOff(AguiHubError):
+    """This gateway keeps no presence (``--presence off``): ask another gateway, or
+    its operator to turn presence on."""
+
+    code = "presence_off"
 
 
 class ClientError(AguiHubError):

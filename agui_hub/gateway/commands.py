@@ -23,6 +23,7 @@ from ..agui.patch import WorkBudget
 from ..errors import (
     AguiHubError,
     Forbidden,
+    PresenceOff,
     ProtocolError,
     RateLimited,
     StoreUnavailable,
@@ -37,6 +38,7 @@ from ..wire.protocol import (
     ListRuns,
     Ping,
     Position,
+    Presence,
     Publish,
     Run,
     Subscribe,
@@ -46,14 +48,24 @@ from ..wire.protocol import (
     error_frame,
     parse_command,
     pong_frame,
+    presence_frame,
     published_frame,
     running_frame,
     runs_frame,
     unsubscribed_frame,
 )
-from .auth import Action, Authenticator, Credentials, Identity, TokenSource, scoped_event_id
+from .auth import (
+    ANONYMOUS_SUBJECT,
+    Action,
+    Authenticator,
+    Credentials,
+    Identity,
+    TokenSource,
+    scoped_event_id,
+)
 from .config import GatewayConfig
 from .fanout.channels import Hub, Subscriber
+from .presence import PresenceMode, PresenceTracker
 from .reporting import Counters
 from .run_access import RunAccess, require_publish
 
@@ -239,6 +251,8 @@ class Session(Subscriber, Protocol):
     """Who it is (``None``: not yet; only ``auth`` and ``ping`` are answered)."""
     threads: set[str]
     """The threads it is subscribed to."""
+    client: dict[str, Any] | None
+    """What it told others about itself (``auth``'s ``client``; presence)."""
 
     @property
     def remote(self) -> str:
@@ -271,6 +285,11 @@ class CommandHost(Protocol):
     @property
     def thread_work(self) -> ThreadWorkRates:
         """The state work rate of each thread, shared by the gateway's connections."""
+        ...
+
+    @property
+    def presence(self) -> PresenceTracker:
+        """Who watches each thread, on every gateway of the store."""
         ...
 
 
@@ -499,6 +518,8 @@ class CommandHandler:
             return
         self._failed_auths = 0
         session.identity = identity
+        if command.client is not None:
+            session.client = command.client  # for the subscriptions made from now on
         session.start_clock()
         session.reply(
             authenticated_frame(
@@ -517,6 +538,7 @@ class CommandHandler:
         for thread in list(session.threads):
             if identity is None or not identity.allows(Action.SUBSCRIBE, thread):
                 self.host.hub.unsubscribe(session, thread)
+                self.host.presence.leave(session, thread)
                 session.threads.discard(thread)
                 session.reply(
                     error_frame(
@@ -603,6 +625,7 @@ class CommandHandler:
             elif isinstance(command, Unsubscribe):
                 thread = command.thread
                 if host.hub.unsubscribe(session, command.thread):
+                    host.presence.leave(session, command.thread)
                     session.threads.discard(command.thread)
                     session.reply(unsubscribed_frame(command.id, command.thread))
                 else:
@@ -663,6 +686,9 @@ class CommandHandler:
                         host.runs.runnable(session.identity, thread),
                     )
                 )
+            elif isinstance(command, Presence):
+                thread = command.thread
+                await self._presence(command)
             elif isinstance(command, Run):
                 thread = command.thread
                 run = await host.runs.start(session.identity, command)
@@ -696,6 +722,7 @@ class CommandHandler:
         if thread in session.threads:
             # Subscribing again restarts the subscription from the new position.
             hub.unsubscribe(session, thread)
+            host.presence.leave(session, thread)
             session.threads.discard(thread)
         if not self._allowed(Action.SUBSCRIBE, thread):
             raise Forbidden(f"this connection may not read thread {thread!r}")
@@ -727,6 +754,35 @@ class CommandHandler:
             hub.unsubscribe(session, thread)
         elif not self._allowed(Action.SUBSCRIBE, thread):
             self.drop_ungranted()
+        else:
+            self._present(command)
+
+    def _present(self, command: Subscribe) -> None:
+        """Enter a new subscription in the thread's presence (and watch it, when asked)."""
+        session = self.session
+        presence = self.host.presence
+        identity = session.identity
+        subject = identity.subject if identity is not None else ANONYMOUS_SUBJECT
+        client = command.client if command.client is not None else session.client
+        presence.join(session, command.thread, subject, client)
+        if not command.presence:
+            return
+        if presence.enabled:
+            presence.watch(session, command.thread)
+        else:
+            session.reply({"type": "presence", "thread": command.thread, "off": True})
+
+    async def _presence(self, command: Presence) -> None:
+        thread = command.thread
+        if not self._allowed(Action.SUBSCRIBE, thread):
+            raise Forbidden(f"this connection may not read thread {thread!r}")
+        presence = self.host.presence
+        if not presence.enabled:
+            raise PresenceOff("this gateway keeps no presence (--presence off)")
+        page = await presence.page(thread, command.limit)
+        hidden = presence.mode is PresenceMode.COUNT
+        entries = [] if hidden else [e.as_json() for e in page.entries]
+        self.session.reply(presence_frame(command.id, thread, page.count, entries, hidden=hidden))
 
     def _too_many(self, command_id: Any, thread: str) -> dict[str, Any]:
         limit = self.host.config.max_subscriptions

@@ -96,6 +96,15 @@ class GatewayConfig:
     """Refuse (``patch_error``) a STATE_DELTA or ACTIVITY_DELTA whose patch does not
     apply, instead of storing it as the official client takes it (a warning; the
     state stays as it was)."""
+    presence: str = "full"
+    """Who watches each thread (docs/protocol.md, ``presence``): ``full`` (subjects
+    and client info), ``count`` (the count only, for privacy) or ``off``."""
+    presence_ttl: float = 15 * SECONDS
+    """Seconds a presence entry lives unless its gateway refreshes it (every third of
+    it): a dead gateway's viewers leave every other gateway's presence within it."""
+    presence_interval: float = 1 * SECONDS
+    """Seconds between two reads of the watched threads' presence: ``joined`` and
+    ``left`` frames come at most this often per thread."""
     require_durable_store: bool = False
     """Refuse to start on a store whose settings can lose events (see docs/store.md)."""
     loop: str = "asyncio"
@@ -201,6 +210,13 @@ class GatewayConfig:
         """Raise :class:`ValueError` naming the first setting that is out of range."""
         if self.raw_events not in ("keep", "strip", "drop"):
             raise ValueError(f"raw_events is keep, strip or drop, not {self.raw_events!r}")
+        if self.presence not in ("full", "count", "off"):
+            raise ValueError(f"presence is full, count or off, not {self.presence!r}")
+        if not 0.1 <= self.presence_interval <= self.presence_ttl / 3:
+            raise ValueError(
+                f"presence_interval {self.presence_interval:g} must be 0.1 s or more, and at "
+                f"most a third of presence_ttl ({self.presence_ttl:g} s)"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not a TCP port (0 to 65535; 0: any free)")
         for name in (
@@ -633,6 +649,14 @@ SETTING_GROUPS: dict[str, dict[str, str]] = {
         "dropped (default: the ping timeout, or 20)",
         "idle_timeout": "seconds before a connection with nothing to do is closed (default 300)",
         "open_timeout": "seconds a new socket has to finish its handshake (default 10)",
+    },
+    "presence (docs/operations.md)": {
+        "presence": "who watches each thread: full (subjects and client info), count (the "
+        "count only, for privacy) or off (default full)",
+        "presence_ttl": "seconds a presence entry lives unless refreshed (every third of it): "
+        "a dead gateway's viewers leave others' presence within it (default 15)",
+        "presence_interval": "seconds between two reads of the watched threads' presence: "
+        "joined and left frames come at most this often per thread (default 1)",
     },
     "operations (docs/metrics.md)": {
         "metrics": "serve Prometheus metrics at /metrics (--no-metrics: off; default on: open "

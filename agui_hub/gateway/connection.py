@@ -194,6 +194,7 @@ class Connection:
         "_queued_bytes",
         "_wake",
         "_watchdog",
+        "client",
         "commands",
         "encoding",
         "gateway",
@@ -221,6 +222,8 @@ class Connection:
         self._deadline: asyncio.TimerHandle | None = None
         """When its credentials expire (or, without any, when it must have sent ``auth``)."""
         self.threads: set[str] = set()
+        self.client: dict[str, Any] | None = None
+        """What it told others about itself (``auth``'s ``client``; presence)."""
         self._queue: deque[bytes | str] = deque()
         self._queued_bytes = 0
         self._wake: asyncio.Future[None] | None = None
@@ -335,6 +338,7 @@ class Connection:
 
     def ended(self, thread: str) -> None:
         self.threads.discard(thread)
+        self.gateway.presence.leave(self, thread)
 
     def close_soon(self, code: CloseCode, reason: str) -> None:
         if self.state is ConnectionState.OPEN:
@@ -486,4 +490,5 @@ class Connection:
         for thread in list(self.threads):
             self.gateway.hub.unsubscribe(self, thread)
         self.threads.clear()
+        self.gateway.presence.leave_all(self)
         self.commands.cancel()

@@ -39,6 +39,8 @@ from ..store.contract import (
     Expected,
     FeedSubscription,
     Offset,
+    PresenceChange,
+    PresencePage,
     Retention,
     RunInfo,
     ThreadInfo,
@@ -67,7 +69,8 @@ ENCODINGS = ("json", "msgpack")
 RESUME_OUTCOMES = ("complete", "incomplete")
 SLOW_CONSUMER_KINDS = ("queue", "stalled")
 COMMAND_TYPES = (
-    "subscribe", "unsubscribe", "publish", "ping", "auth", "run", "cancel", "invalid",
+    "subscribe", "unsubscribe", "publish", "ping", "auth", "run", "cancel", "runs", "presence",
+    "invalid",
 )  # fmt: skip
 
 
@@ -111,6 +114,10 @@ class Figures:
     live_lag_seconds: float = 0.0
     recent_bytes: int = 0
     store_up: bool = True
+    presence_entries: int = 0
+    """This gateway's presence entries (a connection on two threads: two)."""
+    presence_updates: int = 0
+    presence_reads: int = 0
     bridge_runs: int = 0
     """Upstream runs going (docs/bridge.md)."""
     bridge_runs_started: int = 0
@@ -226,6 +233,14 @@ class TimedStore:
 
     async def runs(self, thread: str) -> list[RunInfo]:
         return await self._timed("runs", self.inner.runs(thread))
+
+    async def presence_update(self, changes: Sequence[PresenceChange], ttl: float) -> None:
+        await self._timed("presence_update", self.inner.presence_update(changes, ttl))
+
+    async def presence(
+        self, threads: Sequence[str], limit: int, known: Sequence[int | None] | None = None
+    ) -> list[PresencePage | None]:
+        return await self._timed("presence", self.inner.presence(threads, limit, known))
 
     async def ping(self) -> None:
         await self._timed("ping", self.inner.ping())
@@ -521,3 +536,20 @@ def _families(f: Figures) -> Iterator[Metric]:
         ("finished", "error"),
     )
     yield _gauge("sse_streams", "Open SSE responses of the HTTP listener.", f.sse_streams)
+    yield _gauge(
+        "presence_entries",
+        "Presence entries this gateway keeps in the store (one per subscription).",
+        f.presence_entries,
+    )
+    yield _counter(
+        "presence_updates_total",
+        "Store calls writing this gateway's presence entries (each for every thread "
+        "that changed, in one round trip).",
+        f.presence_updates,
+    )
+    yield _counter(
+        "presence_reads_total",
+        "Store calls reading presence: one per poll of the threads watched here (all of "
+        "them in one round trip), one per presence command.",
+        f.presence_reads,
+    )

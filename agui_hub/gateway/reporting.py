@@ -26,7 +26,9 @@ from ..wire.protocol import (
     Cancel,
     CloseCode,
     CommandError,
+    ListRuns,
     Ping,
+    Presence,
     Publish,
     Run,
     Subscribe,
@@ -35,6 +37,7 @@ from ..wire.protocol import (
 from .config import SECONDS
 from .fanout.channels import Hub, Phase
 from .metrics import Figures
+from .presence import PresenceTracker
 
 __all__ = [
     "COMMAND_NAMES",
@@ -90,6 +93,8 @@ COMMAND_NAMES: dict[type, str] = {
     Auth: "auth",
     Run: "run",
     Cancel: "cancel",
+    ListRuns: "runs",
+    Presence: "presence",
     CommandError: "invalid",
 }
 """The ``type`` label of ``agui_hub_commands_total`` for each command class."""
@@ -118,6 +123,7 @@ def collect_figures(
     store_up: bool,
     bridge: Bridge,
     sse_streams: int,
+    presence: PresenceTracker | None = None,
 ) -> Figures:
     """What ``/metrics`` reports now (docs/metrics.md), read from the counters and
     the state the gateway keeps anyway: one pass over the connections and the
@@ -170,6 +176,9 @@ def collect_figures(
         bridge_runs_started=bridge.started_total,
         bridge_runs_ended=dict(bridge.ended),
         sse_streams=sse_streams,
+        presence_entries=presence.entries if presence is not None else 0,
+        presence_updates=presence.updates if presence is not None else 0,
+        presence_reads=presence.reads if presence is not None else 0,
     )
 
 

@@ -70,6 +70,7 @@ from .connection import Connection, ConnectionState, PendingFlushes
 from .fanout.channels import Hub
 from .http_routes import HttpRoutes, select_subprotocol
 from .metrics import Figures, GatewayMetrics
+from .presence import PresenceMode, PresenceTracker
 from .reporting import Counters, collect_figures, log_summaries
 from .run_access import RunAccess
 from .watchers import StoreHealth, close_revoked, watch_credentials
@@ -198,6 +199,14 @@ class Gateway:
         )
         """What the publishes into each thread cost in state work, per second
         (``max_thread_state_work_per_second``), whichever connection sent them."""
+        self.presence = PresenceTracker(
+            self.hub.store,
+            mode=PresenceMode(config.presence),
+            ttl=config.presence_ttl,
+            interval=config.presence_interval,
+        )
+        """Who watches each thread, on every gateway of the store (docs/protocol.md)."""
+        self._presence_task: asyncio.Task[None] | None = None
         self.http: HttpListener | None = None
         """The HTTP listener (``http_port``): SSE streams and ``POST /agents/<name>``."""
         self.http_connections = config.max_connections
@@ -267,6 +276,7 @@ class Gateway:
             store_up=self.store_health.problem is None,
             bridge=self.bridge,
             sse_streams=len(self.http.app.streams) if self.http is not None else 0,
+            presence=self.presence,
         )
 
     # WebSocket side -------------------------------------------------------------------------------
@@ -476,6 +486,7 @@ class Gateway:
         )
         if self.metrics is not None:
             self._loop_watch = asyncio.create_task(self.metrics.watch_loop())
+        self._presence_task = asyncio.create_task(self.presence.run(), name="agui-hub presence")
         port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
         self.config.port = port
         store = (
@@ -525,6 +536,8 @@ class Gateway:
             self._summary.cancel()
         if self._loop_watch is not None:
             self._loop_watch.cancel()
+        if self._presence_task is not None:
+            self._presence_task.cancel()
         if self.server is not None:
             self.server.close(close_connections=False)
         for conn in list(self.connections):
@@ -539,6 +552,7 @@ class Gateway:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.server.wait_closed(), 10 * SECONDS)
+        await self.presence.close()  # its viewers leave others' presence now
         await self.hub.close()
         await self.store.close()
 

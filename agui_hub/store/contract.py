@@ -46,6 +46,9 @@ __all__ = [
     "InvalidOffset",
     "Offset",
     "OffsetExpired",
+    "PresenceChange",
+    "PresenceEntry",
+    "PresencePage",
     "Retention",
     "RunInfo",
     "StoreError",
@@ -55,6 +58,8 @@ __all__ = [
     "ThreadReset",
     "ThreadStore",
     "TooManyThreads",
+    "check_presence_read",
+    "check_presence_ttl",
     "check_thread",
     "entry_cost",
     "offset_key",
@@ -338,6 +343,91 @@ def too_many_threads(thread: str, tenant: str, limit: int) -> TooManyThreads:
     )
 
 
+# -- presence: who is watching a thread --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceEntry:
+    """One connection watching a thread (docs/protocol.md, "presence").
+
+    Treat ``client`` as read-only: the store may hand the same dict to every
+    reader of the entry.
+    """
+
+    connection: str
+    """Unique across gateways: ``"<gateway id>-<n>"``."""
+    subject: str
+    """The token's subject, or ``"anonymous"``."""
+    joined: int
+    """When the connection joined the thread, ms since the Unix epoch (the caller's
+    wall clock: the store keeps it as given)."""
+    client: dict[str, Any] | None = None
+    """What the connection announced of itself (a flat JSON object), ``None`` when nothing."""
+
+    def as_json(self) -> dict[str, Any]:
+        """The entry as the wire shows it: ``client`` only when one was announced."""
+        out: dict[str, Any] = {
+            "connection": self.connection,
+            "subject": self.subject,
+            "joined": self.joined,
+        }
+        if self.client is not None:
+            out["client"] = self.client
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PresencePage:
+    """What :meth:`ThreadStore.presence` found of one thread."""
+
+    count: int
+    """Live entries of the thread, on every gateway (the truth, whatever the limit)."""
+    entries: list[PresenceEntry]
+    """The first ``limit`` of them by ``(joined, connection)``."""
+    version: int
+    """Changes whenever an entry is added or removed (expiry included), not when one
+    is refreshed. Opaque: compare it for equality only. ``0`` exactly when the thread
+    has no entry; a value, once left, is never the thread's version again."""
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceChange:
+    """What :meth:`ThreadStore.presence_update` does to one thread: *gone* first, then *put*."""
+
+    thread: str
+    put: Sequence[PresenceEntry] = ()
+    """Entries to add, or to refresh (same connection id: its values replace the stored ones)."""
+    gone: Sequence[str] = ()
+    """Connection ids to remove (unknown ones are ignored)."""
+
+
+def check_presence_ttl(ttl: float) -> float:
+    """*ttl* if it is a usable lifetime of presence entries (seconds, finite, > 0),
+    else :class:`ValueError`."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
+        raise ValueError(f"presence ttl must be a finite number of seconds, got {ttl!r}")
+    if ttl <= 0:
+        raise ValueError(f"presence ttl must be more than 0 seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def check_presence_read(
+    threads: Sequence[str], limit: int, known: Sequence[int | None] | None
+) -> None:
+    """Raise :class:`ValueError` for a :meth:`ThreadStore.presence` call no store can
+    answer: a *limit* that is not a whole number of at least 1, or *known* not one
+    version (or ``None``) per thread; :class:`~agui_hub.errors.InvalidEvent` for a bad
+    thread name."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"presence limit must be a whole number of at least 1, got {limit!r}")
+    if known is not None and len(known) != len(threads):
+        raise ValueError(
+            f"presence known versions: give one per thread ({len(threads)}), got {len(known)}"
+        )
+    for thread in threads:
+        check_thread(thread)
+
+
 # -- the interface -------------------------------------------------------------------
 
 
@@ -436,6 +526,39 @@ class ThreadStore(Protocol):
 
     async def get_checkpoint(self, thread: str) -> Checkpoint | None:
         """The thread's checkpoint, ``None`` if it has none."""
+        ...
+
+    async def presence_update(self, changes: Sequence[PresenceChange], ttl: float) -> None:
+        """Apply each change: its *gone* connections are removed, then every entry of
+        its *put* lives until *ttl* seconds from now; expired entries are dropped.
+
+        "Now" is the store's clock (Redis: its TIME), so the gateways' clocks do not
+        matter; ``joined`` is kept as given. Refresh your entries well within *ttl*
+        (every ``ttl / 3``): an entry not refreshed in time expires, and other
+        readers see it leave. All threads go in one round trip (Redis: a pipeline of
+        one script call per thread; on a cluster, one per master), never a
+        connection per thread: batch every thread of a refresh into one call.
+        Raises :class:`ValueError` for a *ttl* that is not a finite number of
+        seconds above 0, :class:`~agui_hub.errors.StoreUnavailable` /
+        :class:`~agui_hub.errors.StoreError` when the store fails (some threads may
+        then be updated and others not: the next refresh repairs them).
+        """
+        ...
+
+    async def presence(
+        self, threads: Sequence[str], limit: int, known: Sequence[int | None] | None = None
+    ) -> list[PresencePage | None]:
+        """Per thread, in order: its live entries (:class:`PresencePage`: the count,
+        the first *limit* by ``(joined, connection)`` and the version).
+
+        Expired entries are dropped first (which changes the version). With *known*
+        (one version or ``None`` per thread, as a previous call returned them): ``None``
+        in place of a thread whose version is still the known one, a cheap answer for
+        a poll of an unchanged thread. A thread nobody watches answers
+        ``PresencePage(0, [], 0)``. One round trip for all threads, as
+        :meth:`presence_update`. Raises :class:`ValueError` for a *limit* below 1 or
+        *known* of another length than *threads*.
+        """
         ...
 
     async def ping(self) -> None:

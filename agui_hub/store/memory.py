@@ -5,7 +5,8 @@ the contract tests run against it and against Redis with the same
 expectations. Offsets are made like Redis stream ids (``"<ms>-<seq>"``, strictly
 growing even when the clock steps back), every thread gets a random epoch when
 it is created, and retention trims by length, by age and by bytes, expires
-idle threads and bounds the threads of each tenant.
+idle threads and bounds the threads of each tenant. Presence entries (who is
+watching a thread) expire on ``time.monotonic``.
 
 Everything lives in this process: events are gone when it exits, and another
 process cannot see them. Use Redis to share threads between gateways.
@@ -14,6 +15,7 @@ process cannot see them. Use Redis to share threads between gateways.
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import secrets
 import time
@@ -32,9 +34,14 @@ from .contract import (
     Expected,
     FeedSubscription,
     Offset,
+    PresenceChange,
+    PresenceEntry,
+    PresencePage,
     Retention,
     RunInfo,
     ThreadInfo,
+    check_presence_read,
+    check_presence_ttl,
     check_thread,
     encode_event_data,
     offset_key,
@@ -77,6 +84,15 @@ class _Run:
     preview: str
 
 
+@dataclass
+class _Watchers:
+    """A thread's presence entries: connection id -> (entry, when it expires on
+    ``time.monotonic``), and the version of the list."""
+
+    version: int
+    entries: dict[str, tuple[PresenceEntry, float]] = field(default_factory=dict)
+
+
 PRUNE_SAMPLE = 64
 """Threads checked for expiry per try at a full tenant quota."""
 
@@ -99,6 +115,11 @@ class MemoryStore:
         """Tenant -> its threads (expired ones included until looked at)."""
         self._subs: dict[str, set[FeedSubscription]] = {}
         self._max_pending = max_pending_bytes
+        self._watchers: dict[str, _Watchers] = {}
+        """Threads with presence entries (a thread without any has no record)."""
+        self._versions = itertools.count(1)
+        """Presence versions: every change takes the next, so that no value is ever
+        a thread's version twice (0 is that of a thread without entries)."""
 
     # -- internals ------------------------------------------------------------------------
 
@@ -348,6 +369,73 @@ class MemoryStore:
     async def get_checkpoint(self, thread: str) -> Checkpoint | None:
         state = self._get(thread)
         return state.checkpoint if state is not None else None
+
+    # -- presence -------------------------------------------------------------------------
+
+    def _expire_watchers(self, thread: str, now: float) -> _Watchers | None:
+        """*thread*'s presence without its expired entries (``None``: it has none left)."""
+        watchers = self._watchers.get(thread)
+        if watchers is None:
+            return None
+        dead = [c for c, (_, expires) in watchers.entries.items() if expires <= now]
+        for connection in dead:
+            del watchers.entries[connection]
+        return self._settle(thread, watchers, bool(dead))
+
+    def _settle(self, thread: str, watchers: _Watchers, changed: bool) -> _Watchers | None:
+        # A thread left without entries is forgotten (its version reads 0), so that
+        # threads watched once do not pile up; a change otherwise takes a version
+        # never used before, so a reader's known version never matches another list.
+        if not watchers.entries:
+            del self._watchers[thread]
+            return None
+        if changed:
+            watchers.version = next(self._versions)
+        return watchers
+
+    async def presence_update(self, changes: Sequence[PresenceChange], ttl: float) -> None:
+        ttl = check_presence_ttl(ttl)
+        for change in changes:
+            check_thread(change.thread)
+        now = time.monotonic()
+        for change in changes:
+            watchers = self._expire_watchers(change.thread, now)
+            if watchers is None:
+                if not change.put:
+                    continue
+                watchers = self._watchers[change.thread] = _Watchers(0)
+            changed = False
+            for connection in change.gone:
+                changed |= watchers.entries.pop(connection, None) is not None
+            for entry in change.put:
+                changed |= entry.connection not in watchers.entries
+                # A copy of the client: what the caller changes later is not stored.
+                client = dict(entry.client) if entry.client is not None else None
+                stored = PresenceEntry(entry.connection, entry.subject, entry.joined, client)
+                watchers.entries[entry.connection] = (stored, now + ttl)
+            self._settle(change.thread, watchers, changed)
+
+    async def presence(
+        self, threads: Sequence[str], limit: int, known: Sequence[int | None] | None = None
+    ) -> list[PresencePage | None]:
+        check_presence_read(threads, limit, known)
+        now = time.monotonic()
+        pages: list[PresencePage | None] = []
+        for i, thread in enumerate(threads):
+            watchers = self._expire_watchers(thread, now)
+            version = watchers.version if watchers is not None else 0
+            if known is not None and known[i] == version:
+                pages.append(None)
+            elif watchers is None:
+                pages.append(PresencePage(0, [], 0))
+            else:
+                first = heapq.nsmallest(
+                    limit,
+                    (entry for entry, _ in watchers.entries.values()),
+                    key=lambda e: (e.joined, e.connection),
+                )
+                pages.append(PresencePage(len(watchers.entries), first, version))
+        return pages
 
     async def ping(self) -> None:
         return None

@@ -152,6 +152,10 @@ class Subscribe:
     run: str | None = None
     branch: str | None = None
     """Only the branch whose latest run is this one (docs/protocol.md, subscribe)."""
+    presence: bool = False
+    """Also send who else watches the thread: ``presence``, ``joined``, ``left`` frames."""
+    client: dict[str, Any] | None = None
+    """What the connection tells others about itself on this thread (presence)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +201,24 @@ class Auth:
 
     id: Any
     token: str = field(repr=False)
+    client: dict[str, Any] | None = None
+    """What the connection tells others about itself (presence): a small flat map."""
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """Who watches a thread now, on every gateway (docs/protocol.md, ``presence``)."""
+
+    id: Any
+    thread: str
+    limit: int = 100
+
+
+MAX_PRESENCE_LISTED = 1000
+"""The most entries one ``presence`` reply lists."""
+MAX_CLIENT_BYTES = 256
+"""Largest ``client`` map (JSON-encoded) a connection may announce."""
+MAX_CLIENT_KEY_CHARS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +254,7 @@ class Cancel:
     """End a run the thread holds open that no gateway relays (a crashed gateway's)."""
 
 
-Command = Subscribe | Unsubscribe | Publish | Ping | Auth | Run | Cancel | ListRuns
+Command = Subscribe | Unsubscribe | Publish | Ping | Auth | Run | Cancel | ListRuns | Presence
 
 MAX_TOKEN_CHARS = 8192
 
@@ -327,12 +349,17 @@ def parse_command(
         branch = _run_id(frame, command_id, "branch")
         if run is not None and branch is not None:
             raise CommandError("bad_command", "run and branch do not go together", command_id)
+        presence = frame.get("presence", False)
+        if not isinstance(presence, bool):
+            raise CommandError("bad_command", "presence must be true or false", command_id)
         return Subscribe(
             command_id,
             _thread(frame, command_id),
             _start(frame.get("from"), command_id),
             run,
             branch,
+            presence,
+            _client(frame, command_id),
         )
     if kind == "unsubscribe":
         return Unsubscribe(command_id, _thread(frame, command_id))
@@ -373,6 +400,19 @@ def parse_command(
                 "bad_command", f"limit must be an integer from 1 to {MAX_RUNS_LISTED}", command_id
             )
         return ListRuns(command_id, _thread(frame, command_id), limit)
+    if kind == "presence":
+        limit = frame.get("limit", 100)
+        if (
+            not isinstance(limit, int)
+            or isinstance(limit, bool)
+            or not 0 < limit <= MAX_PRESENCE_LISTED
+        ):
+            raise CommandError(
+                "bad_command",
+                f"limit must be an integer from 1 to {MAX_PRESENCE_LISTED}",
+                command_id,
+            )
+        return Presence(command_id, _thread(frame, command_id), limit)
     if kind == "auth":
         token = frame.get("token")
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
@@ -381,7 +421,7 @@ def parse_command(
                 f"token must be a non-empty string of at most {MAX_TOKEN_CHARS} characters",
                 command_id,
             )
-        return Auth(command_id, token)
+        return Auth(command_id, token, _client(frame, command_id))
     if kind == "run":
         return _run_command(frame, command_id)
     if kind == "cancel":
@@ -394,9 +434,38 @@ def parse_command(
     raise CommandError(
         "unknown_command",
         f"unknown command {kind!r}: expected subscribe, unsubscribe, publish, ping, auth, "
-        "run, cancel or runs",
+        "run, cancel, runs or presence",
         command_id,
     )
+
+
+def _client(frame: dict[str, Any], command_id: Any) -> dict[str, Any] | None:
+    """A command's ``client`` map: flat, short keys, at most :data:`MAX_CLIENT_BYTES`."""
+    client = frame.get("client")
+    if client is None:
+        return None
+    problem = None
+    if not isinstance(client, dict):
+        problem = "a map"
+    elif not all(isinstance(k, str) and 0 < len(k) <= MAX_CLIENT_KEY_CHARS for k in client):
+        problem = f"a map of keys of 1 to {MAX_CLIENT_KEY_CHARS} characters"
+    elif not all(v is None or isinstance(v, str | int | float | bool) for v in client.values()):
+        problem = "a flat map: its values strings, numbers, booleans or null"
+    else:
+        try:
+            size = len(json.dumps(client, ensure_ascii=False, allow_nan=False).encode())
+        except ValueError:
+            size = None
+        if size is None or size > MAX_CLIENT_BYTES:
+            problem = f"at most {MAX_CLIENT_BYTES} bytes of JSON (finite numbers)"
+    if problem is not None:
+        raise CommandError(
+            "bad_command",
+            f"client must be {problem} (what others see of this connection: name, device)",
+            command_id,
+        )
+    checked: dict[str, Any] = client
+    return checked
 
 
 def _run_id(frame: dict[str, Any], command_id: Any, key: str = "runId") -> str | None:
@@ -497,6 +566,29 @@ def runs_frame(
     *more*: older runs were left out (the command's ``limit``); *agents*: the
     upstream agents this connection may ``run`` in the thread."""
     frame = {"type": "runs", "thread": thread, "runs": runs, "more": more, "agents": agents}
+    return _with_id(frame, command_id)
+
+
+def presence_frame(
+    command_id: Any,
+    thread: str,
+    count: int,
+    entries: list[dict[str, Any]],
+    *,
+    hidden: bool = False,
+) -> dict[str, Any]:
+    """Who watches *thread*: the reply to ``presence``, or (without id) the first
+    frame of a ``presence: true`` subscription. *hidden*: the gateway shows the
+    count only."""
+    frame: dict[str, Any] = {
+        "type": "presence",
+        "thread": thread,
+        "count": count,
+        "more": not hidden and count > len(entries),
+        "entries": entries,
+    }
+    if hidden:
+        frame["hidden"] = True
     return _with_id(frame, command_id)
 
 

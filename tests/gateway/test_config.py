@@ -244,7 +244,11 @@ def test_none_for_a_required_number_is_a_value_error(name: str, raw: str) -> Non
 
 def test_every_setting_can_come_from_the_environment() -> None:
     samples = {int: ("7", 7), float: ("2.5", 2.5), bool: ("true", True), str: ("x", "x")}
-    choices = {"raw_events": ("strip", "strip")}  # one of a few words
+    choices = {
+        "raw_events": ("strip", "strip"),  # one of a few words
+        "presence": ("count", "count"),
+        "presence_ttl": ("30", 30.0),  # at least three intervals (one second each)
+    }
     for name, kind in setting_kinds().items():
         if name in {"tls_cert", "tls_key"}:
             continue  # only as a pair, below
@@ -253,6 +257,20 @@ def test_every_setting_can_come_from_the_environment() -> None:
         assert getattr(config, name) == value, name
     pair = from_env({"AGUI_HUB_TLS_CERT": "c.pem", "AGUI_HUB_TLS_KEY": "k.pem"})
     assert (pair.tls_cert, pair.tls_key) == ("c.pem", "k.pem")
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"presence": "on"}, "presence is full, count or off"),
+        ({"presence_interval": 0.05}, "presence_interval"),
+        ({"presence_ttl": 2.0, "presence_interval": 1.0}, "a third of presence_ttl"),
+    ],
+)
+def test_presence_settings_are_checked(settings: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        GatewayConfig(**settings)
+    assert GatewayConfig(presence="off", presence_ttl=3.0, presence_interval=0.1).presence == "off"
 
 
 def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -206,7 +206,7 @@ async def test_a_known_workload_gives_exact_figures(harness: Harness) -> None:
     assert value(samples, "agui_hub_commands_total", type="subscribe") == 7
     assert value(samples, "agui_hub_commands_total", type="publish") == 3
     assert value(samples, "agui_hub_commands_total", type="invalid") == 1
-    for kind in ("unsubscribe", "ping", "auth"):
+    for kind in ("unsubscribe", "ping", "auth", "runs", "presence"):
         assert value(samples, "agui_hub_commands_total", type=kind) == 0
     assert value(samples, "agui_hub_command_errors_total", code="sequence_error") == 1
     assert value(samples, "agui_hub_command_errors_total", code="bad_frame") == 1
@@ -258,6 +258,21 @@ async def test_each_gateway_counts_its_own(mem: Harness) -> None:
     assert value(idle_samples, "agui_hub_events_published_total") == 0
     assert value(idle_samples, "agui_hub_connections", encoding="msgpack") == 0
     assert value(idle_samples, "agui_hub_connections_opened_total") == 0
+
+
+async def test_runs_and_presence_commands_and_presence_are_counted(mem: Harness) -> None:
+    gateway = await mem.gateway(presence_interval=0.1, presence_ttl=3.0)
+    viewer = await counted(mem, gateway, JSON)
+    await viewer.subscribe(THREAD, "live", presence=True)
+    await viewer.subscribe("other", "live")
+    assert (await viewer.request({"type": "runs", "thread": THREAD}))["type"] == "runs"
+    assert (await viewer.request({"type": "presence", "thread": THREAD}))["count"] == 1
+    samples = await scrape(gateway)
+    assert value(samples, "agui_hub_commands_total", type="runs") == 1
+    assert value(samples, "agui_hub_commands_total", type="presence") == 1
+    assert value(samples, "agui_hub_presence_entries") == 2
+    assert value(samples, "agui_hub_presence_updates_total") >= 1
+    assert value(samples, "agui_hub_presence_reads_total") >= 1
 
 
 # -- slow consumers -------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ JSON = "agui-hub.v1.json"
 MSGPACK = "agui-hub.v1.msgpack"
 WAIT = 10 * TIMEOUT_SCALE
 """Longest wait for any one thing to arrive."""
-REPLIES = {"subscribed", "unsubscribed", "published", "pong", "error", "runs"}
+REPLIES = {"subscribed", "unsubscribed", "published", "pong", "error", "runs", "presence",
+           "authenticated"}  # fmt: skip
 
 Event = dict[str, Any]
 Frame = dict[str, Any]

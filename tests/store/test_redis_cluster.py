@@ -23,10 +23,13 @@ from agui_hub.store.contract import (
     EventInput,
     Expected,
     FeedSubscription,
+    PresenceChange,
+    PresenceEntry,
     Retention,
     offset_key,
 )
 from agui_hub.store.redis.cluster import cluster_options
+from agui_hub.store.redis.keys import presence_keys
 from agui_hub.store.redis.store import (
     RedisStore,
     checkpoint_key,
@@ -205,6 +208,55 @@ async def test_a_master_that_lost_the_scripts_gets_them_again(redis_cluster: Red
             master.command("SCRIPT", "FLUSH")
         for thread in threads:  # the read script too
             assert len(await store.read(thread)) == 2
+
+
+async def test_presence_of_threads_on_every_master_in_one_call(
+    redis_cluster: RedisCluster,
+) -> None:
+    """One call: each master runs the script of its own threads (their keys in one
+    slot), once per thread; a master that lost the scripts gets them again."""
+
+    def evalsha_calls(master: ClusterNode) -> int:
+        stats = master.info("commandstats").get("cmdstat_evalsha", "calls=0,")
+        return int(stats.split(",")[0].removeprefix("calls="))
+
+    per_master = 10
+    threads = redis_cluster.threads_on_every_master(per_master=per_master)
+    async with cluster_store(redis_cluster) as store:
+        put = [
+            PresenceChange(
+                t, put=[PresenceEntry(f"{t}-b", "bob", 2), PresenceEntry(f"{t}-a", "al", 1)]
+            )
+            for t in threads
+        ]
+        # Warm: both scripts loaded on every master.
+        await store.presence_update(put, 30)
+        await store.presence(threads, 1)
+        masters = redis_cluster.masters_now()
+        before = {m.port: evalsha_calls(m) for m in masters}
+        await store.presence_update(put, 30)
+        pages = await store.presence(threads, 1)
+        known = [p.version if p is not None else None for p in pages]
+        assert await store.presence(threads, 1, known) == [None] * len(threads)
+        # 3 calls per thread, each on its thread's master only.
+        assert {m.port: evalsha_calls(m) - before[m.port] for m in masters} == {
+            m.port: 3 * per_master for m in masters
+        }
+        ranges = redis_cluster.slot_ranges()
+        for thread, page in zip(threads, pages, strict=True):
+            assert page is not None and page.count == 2
+            assert [e.connection for e in page.entries] == [f"{thread}-a"]
+            exp = presence_keys(store.prefix, thread)[0]
+            assert redis_cluster.master_of(exp, ranges).command("ZCARD", exp).strip() == "2"
+        for master in masters:
+            assert master.command("SCRIPT", "FLUSH").strip() == "OK"
+        await store.presence_update([PresenceChange(t, gone=[f"{t}-a"]) for t in threads], 30)
+        for master in masters:
+            master.command("SCRIPT", "FLUSH")
+        again = await store.presence(threads, 5, known)
+        assert [[e.connection for e in p.entries] for p in again if p is not None] == [
+            [f"{t}-b"] for t in threads
+        ]
 
 
 async def test_a_redis_url_naming_a_cluster_node_says_what_to_use(

@@ -22,6 +22,7 @@ from agui_hub.wire.protocol import (
     CommandError,
     Ping,
     Position,
+    Presence,
     Publish,
     StartKind,
     Subscribe,
@@ -32,6 +33,7 @@ from agui_hub.wire.protocol import (
     event_frame,
     parse_command,
     pong_frame,
+    presence_frame,
     published_frame,
     snapshot_frame,
     subscribed_frame,
@@ -153,6 +155,59 @@ def test_subscribe_without_from_and_with_explicit_null_is_live() -> None:
 def test_subscribe_with_run(encoding: Encoding) -> None:
     frame = {"type": "subscribe", "id": "s", "thread": "t1", "from": "start", "run": "run-7"}
     assert parse(frame, encoding) == Subscribe("s", "t1", StartKind.START, "run-7")
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_subscribe_with_presence_and_client(encoding: Encoding) -> None:
+    client = {"name": "console", "device": "laptop", "tabs": 3, "beta": True, "note": None}
+    frame = {"type": "subscribe", "id": 1, "thread": "t", "presence": True, "client": client}
+    assert parse(frame, encoding) == Subscribe(1, "t", StartKind.LIVE, presence=True, client=client)
+    auth = parse({"type": "auth", "token": "x", "client": {"name": "n"}}, encoding)
+    assert auth.client == {"name": "n"}
+
+
+@pytest.mark.parametrize(
+    "client",
+    [
+        {"name": "x" * 250},  # past 256 bytes of JSON
+        {"name": "é" * 130},  # 260 bytes of UTF-8, fewer characters
+        {"nested": {}},
+        {"list": []},
+        {"": 1},
+        {"k" * 33: 1},
+        "text",
+        [],
+        7,
+    ],
+)
+def test_client_is_a_small_flat_map(client: Any) -> None:
+    for kind in ("subscribe", "auth"):
+        frame = {"type": kind, "id": 4, "thread": "t", "token": "x", "client": client}
+        assert rejected_frame(frame, Encoding.JSON, "bad_command").command_id == 4
+    with pytest.raises(CommandError, match="NaN"):  # refused as the frame is decoded
+        parse({"type": "subscribe", "thread": "t", "client": {"n": float("nan")}},
+              Encoding.MSGPACK)  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_presence(encoding: Encoding) -> None:
+    assert parse({"type": "presence", "id": 2, "thread": "t"}, encoding) == Presence(2, "t", 100)
+    assert parse({"type": "presence", "thread": "t", "limit": 1000}, encoding).limit == 1000
+    for limit in (0, 1001, "5", True, 1.5, None):
+        frame = {"type": "presence", "id": 3, "thread": "t", "limit": limit}
+        assert "limit" in str(rejected_frame(frame, encoding, "bad_command"))
+    frame = {"type": "subscribe", "thread": "t", "presence": 1}
+    assert "presence" in str(rejected_frame(frame, encoding, "bad_command"))
+
+
+def test_presence_frames() -> None:
+    entries = [{"connection": "g-1", "subject": "alice", "joined": 1}]
+    assert presence_frame(5, "t", 3, entries) == {
+        "type": "presence", "id": 5, "thread": "t", "count": 3, "more": True, "entries": entries,
+    }  # fmt: skip
+    hidden = presence_frame(None, "t", 3, [], hidden=True)
+    assert hidden == {"type": "presence", "thread": "t", "count": 3, "more": False,
+                      "entries": [], "hidden": True}  # fmt: skip
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

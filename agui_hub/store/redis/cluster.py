@@ -209,6 +209,14 @@ class ClusterOps:
         async with self.limit:
             return await self._run_scripts(script, calls)
 
+    async def eval_each(
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Any]:
+        """What :meth:`run_scripts` does, for a caller that awaits it through the
+        store's ``call``: that takes :attr:`limit` already (taking it twice could
+        wait for ever)."""
+        return await self._run_scripts(script, calls)
+
     async def _run_scripts(
         self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
     ) -> list[Any]:

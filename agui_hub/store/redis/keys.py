@@ -18,6 +18,14 @@ each key of the thread to its own slot)::
     agui:{<tag>}:runs           hash: run id -> msgpack [parent run id or "",
                                 status, first offset, last offset or "", preview]:
                                 the index of runs (docs/store.md)
+    agui:{<tag>}:presence:exp     zset: connection id -> when its presence entry
+                                  expires (ms, Redis's clock)
+    agui:{<tag>}:presence:joined  zset: connection id -> when it joined (ms since
+                                  the Unix epoch, the gateway's clock)
+    agui:{<tag>}:presence:who     hash: connection id -> msgpack [subject, joined,
+                                  client or nil]
+    agui:{<tag>}:presence:v       string: the version of the thread's presence
+                                  (absent: no entries, version 0)
     agui:{<tag>}:notify         pub/sub channel: "new entries": the entries
                                 themselves (see :mod:`agui_hub.store.redis.live`)
                                 or the last offset
@@ -46,6 +54,7 @@ __all__ = [
     "ids_key",
     "meta_key",
     "notify_channel",
+    "presence_keys",
     "runs_key",
     "stream_key",
     "tenant_key",
@@ -112,6 +121,13 @@ def checkpoint_key(prefix: str, thread: str) -> str:
 def runs_key(prefix: str, thread: str) -> str:
     """The hash that indexes *thread*'s runs."""
     return f"{prefix}:{{{thread_tag(thread)}}}:runs"
+
+
+def presence_keys(prefix: str, thread: str) -> list[str]:
+    """The keys of *thread*'s presence, in the order the presence scripts take them:
+    ``exp``, ``joined``, ``who``, ``v`` (docs/store.md, "Presence")."""
+    base = f"{prefix}:{{{thread_tag(thread)}}}:presence:"
+    return [base + "exp", base + "joined", base + "who", base + "v"]
 
 
 def notify_channel(prefix: str, thread: str) -> str:

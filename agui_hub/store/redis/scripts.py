@@ -5,7 +5,7 @@ says its KEYS, ARGV and reply, so that it can be read, and run with
 ``redis-cli --eval``, on its own. They are read once, when this module is
 imported, and shipped as package data (pyproject.toml).
 
-The store runs the append, read and position scripts with EVALSHA and loads
+The store runs the append, read, position and presence scripts with EVALSHA and loads
 one when Redis answers NOSCRIPT (a restart, a failover, SCRIPT FLUSH): see
 :meth:`~agui_hub.store.redis.calls.RedisCalls.load_script`. The checkpoint
 script, written rarely, is sent whole with EVAL.
@@ -17,7 +17,15 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["APPEND", "CHECKPOINT", "CHECK_POSITION", "READ", "Script"]
+__all__ = [
+    "APPEND",
+    "CHECKPOINT",
+    "CHECK_POSITION",
+    "PRESENCE_READ",
+    "PRESENCE_UPDATE",
+    "READ",
+    "Script",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +46,20 @@ class Script:
         return Script.of(self.name, self.source.replace(old, new))
 
 
-def load(name: str) -> Script:
-    """The script in ``lua/<name>`` of this package."""
-    source = (
+def _read(name: str) -> str:
+    return (
         resources.files(__name__.rpartition(".")[0])
         .joinpath("lua", name)
         .read_text(encoding="utf-8")
     )
+
+
+def load(name: str, *, after: str | None = None) -> Script:
+    """The script in ``lua/<name>`` of this package; with *after*, that file's
+    source first (what two scripts share: Redis scripts cannot import)."""
+    source = _read(name)
+    if after is not None:
+        source = _read(after) + "\n" + source
     return Script.of(name, source)
 
 
@@ -62,3 +77,9 @@ CHECKPOINT = load("checkpoint.lua")
 
 READ = load("read.lua")
 """A page of one thread on Redis Cluster: meta and entries, atomically."""
+
+PRESENCE_UPDATE = load("presence_update.lua", after="presence_lib.lua")
+"""Adds, refreshes and removes one thread's presence entries, drops the expired ones."""
+
+PRESENCE_READ = load("presence_read.lua", after="presence_lib.lua")
+"""One thread's presence entries (or only its version, when the reader knows it)."""

@@ -13,6 +13,8 @@ Redis; its parts live in modules of their own:
   them idempotent by event id, conditional, trimmed and rewind-proof;
 - :mod:`~agui_hub.store.redis.pages`: pages of a thread read consistently with
   trimming (what :meth:`RedisStore.read` and ``read_available`` are made of);
+- :mod:`~agui_hub.store.redis.presence`: who is watching each thread, one
+  script call per thread (``lua/presence_update.lua``, ``lua/presence_read.lua``);
 - :mod:`~agui_hub.store.redis.live`: the live tail, one reader per store
   object serving every thread with local subscribers over one pub/sub
   connection;
@@ -50,9 +52,13 @@ from ..contract import (
     Expected,
     FeedSubscription,
     Offset,
+    PresenceChange,
+    PresencePage,
     Retention,
     RunInfo,
     ThreadInfo,
+    check_presence_read,
+    check_presence_ttl,
     check_thread,
     offset_key,
     tenant_of,
@@ -79,6 +85,7 @@ from .keys import (
 )
 from .live import OUTAGE_GRACE, LiveReader, LiveSource
 from .pages import Page, ThreadPages
+from .presence import ThreadPresence
 from .resp import normal_offset, text
 
 log = logging.getLogger("agui_hub.redis_store")
@@ -192,6 +199,7 @@ class RedisStore:
             notify_bytes=notify_bytes,
         )
         self._pages = ThreadPages(self._calls, prefix)
+        self._presence = ThreadPresence(self._calls, prefix)
         live = LiveSource(self._calls, self._pages, check_script, prefix, outage_grace)
         self._reader: LiveReader | ClusterLiveReader
         if self._calls.cluster is None:
@@ -500,6 +508,28 @@ class RedisStore:
         if offset is None or epoch is None or not isinstance(events, bytes):
             return None
         return Checkpoint(text(offset), text(epoch), events, complete == b"1")
+
+    # -- presence ---------------------------------------------------------------------------
+
+    async def presence_update(self, changes: Sequence[PresenceChange], ttl: float) -> None:
+        """See :meth:`ThreadStore.presence_update
+        <agui_hub.store.contract.ThreadStore.presence_update>`: one call of
+        ``lua/presence_update.lua`` per change, all in one round trip (one per
+        master on a cluster). A client that msgpack cannot store raises
+        :class:`ValueError` before anything is sent."""
+        ttl = check_presence_ttl(ttl)
+        for change in changes:
+            check_thread(change.thread)
+        await self._presence.update(changes, ttl)
+
+    async def presence(
+        self, threads: Sequence[str], limit: int, known: Sequence[int | None] | None = None
+    ) -> list[PresencePage | None]:
+        """See :meth:`ThreadStore.presence <agui_hub.store.contract.ThreadStore.presence>`:
+        one call of ``lua/presence_read.lua`` per thread, all in one round trip (one
+        per master on a cluster)."""
+        check_presence_read(threads, limit, known)
+        return await self._presence.read(threads, limit, known)
 
     async def ping(self) -> None:
         """:class:`StoreUnavailable` unless Redis answers (on a cluster: every master)."""
