@@ -118,6 +118,8 @@ class PresenceTracker:
         """Part of every connection id of this gateway (unique across gateways)."""
         self._numbers = itertools.count(1)
         self._ids: dict[Present, str] = {}
+        self._threads: dict[Present, set[str]] = {}
+        """Each connection's threads here, joined or watched: a close visits only those."""
         self._local: dict[str, dict[Present, PresenceEntry]] = {}
         self._put: dict[str, dict[str, PresenceEntry]] = {}
         self._gone: dict[str, set[str]] = {}
@@ -156,6 +158,7 @@ class PresenceTracker:
         if not self.enabled:
             return
         entry = PresenceEntry(self.connection_id(conn), subject, int(time.time() * 1000), client)
+        self._threads.setdefault(conn, set()).add(thread)
         self._local.setdefault(thread, {})[conn] = entry
         self._put.setdefault(thread, {})[entry.connection] = entry
         gone = self._gone.get(thread)
@@ -166,6 +169,11 @@ class PresenceTracker:
     def leave(self, conn: Present, thread: str) -> None:
         """*conn* is no longer subscribed to *thread* (a no-op when it was not)."""
         self.unwatch(conn, thread)
+        threads = self._threads.get(conn)
+        if threads is not None:
+            threads.discard(thread)
+            if not threads:
+                del self._threads[conn]
         local = self._local.get(thread)
         entry = local.pop(conn, None) if local is not None else None
         if entry is None:
@@ -180,10 +188,8 @@ class PresenceTracker:
 
     def leave_all(self, conn: Present) -> None:
         """*conn* is gone: it leaves every thread."""
-        for thread in [t for t, entries in self._local.items() if conn in entries]:
+        for thread in self._threads.pop(conn, ()):
             self.leave(conn, thread)
-        for thread in [t for t, w in self._watched.items() if conn in w.watchers]:
-            self.unwatch(conn, thread)
         # Kept until now: a connection that subscribes again is the same entry.
         self._ids.pop(conn, None)
 
@@ -196,6 +202,7 @@ class PresenceTracker:
             watched = self._watched[thread] = _Watched(set(), set())
         watched.watchers.add(conn)
         watched.fresh.add(conn)
+        self._threads.setdefault(conn, set()).add(thread)
         self._wake.set()
 
     def unwatch(self, conn: Present, thread: str) -> None:

@@ -403,3 +403,30 @@ async def test_a_failed_write_is_written_later_without_bringing_back_who_left() 
     tracker.leave(stays, "t")
     tracker.join(stays, "t", "alice", None)
     assert tracker.connection_id(stays) == before
+
+
+def test_a_closing_connection_leaves_its_own_threads_only() -> None:
+    """The tracker indexes each connection's threads: a close leaves those (and
+    no other connection's); a thread left earlier leaves no trace."""
+
+    class Conn:
+        encoding = None
+        is_open = True
+        threads: set[str] = set()
+
+        def send(self, frame: bytes | str) -> bool:
+            return True
+
+    tracker = PresenceTracker(MemoryStore())
+    crowd = [Conn() for _ in range(50)]
+    for i, conn in enumerate(crowd):
+        tracker.join(conn, f"t{i}", "someone", None)
+    mine: Any = Conn()
+    for thread in ("a", "b"):
+        tracker.join(mine, thread, "me", None)
+    tracker.watch(mine, "a")
+    tracker.leave(mine, "b")
+    assert tracker._threads[mine] == {"a"}
+    tracker.leave_all(mine)
+    assert mine not in tracker._threads and mine not in tracker._ids
+    assert "a" not in tracker._watched and tracker.entries == 50
