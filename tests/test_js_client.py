@@ -303,6 +303,37 @@ async def test_runs_lists_what_the_python_client_lists(gateways: Gateways) -> No
     assert refused["error"]["code"] == "bad_command", refused
 
 
+async def test_presence_follows_who_joins_and_leaves(gateways: Gateways) -> None:
+    gateway = gateways.start(None, "--presence-interval", "0.2")
+    thread = thread_name()
+    args = ("--url", gateway.url, "--thread", thread, "--client", '{"name": "js"}')
+    async with NodeRun("presence", *args) as js:
+        first = await js.wait_for(lambda line: "presence" in line)
+        assert first["change"]["change"] == "presence" and first["state"]["count"] == 1
+        (own,) = first["state"]["entries"]
+        assert first["state"]["self"] == own["connection"] and own["client"] == {"name": "js"}
+        async with (
+            HubClient(gateway.url, client={"name": "py"}) as hub,
+            hub.subscribe(thread) as sub,
+        ):
+            await asyncio.wait_for(anext(sub), WAIT)  # subscribed: it is in the presence
+            listed = await hub.presence(thread)
+            joined = await js.wait_for(lambda line: "presence" in line)
+        result = await js.result()
+    python = listed.entries[1].as_json()
+    assert [w.as_json() for w in listed.entries] == [own, python]
+    assert python["client"] == {"name": "py"}
+    assert joined["change"] == {"change": "joined", "count": 2, "entries": [python]}
+    assert joined["state"]["entries"] == [own, python]
+    # The left frame names connection and subject; the client kept the rest.
+    assert result["changes"][-1] == {"change": "left", "count": 1, "entries": [python]}
+    assert result["presence"] == {
+        "count": 1, "entries": [own], "more": False, "hidden": False,
+        "self": own["connection"], "off": False, "known": True,
+    }  # fmt: skip
+    assert result["listed"] == {"count": 1, "entries": [own], "more": False, "hidden": False}
+
+
 # -- live: a cut connection ------------------------------------------------------------------------
 
 

@@ -22,7 +22,11 @@ Each test runs a real ``agui-hub serve`` process and opens the page it serves
   (not ``live``) until a thread it may read is chosen;
 * a thread that branches: each "2 of 3" switch is in the transcript, at
   the message where the versions differ, and flips between them without a
-  reload, live events and all.
+  reload, live events and all;
+* who watches: the header says "1 watching", "2 watching" while a Python
+  client is subscribed too (named in the tooltip with its client map), then
+  "1 watching" again; the count alone on a count-only gateway, nothing on
+  one without presence.
 """
 
 from __future__ import annotations
@@ -824,4 +828,63 @@ async def test_regenerate_and_edit_from_the_page(browser: Browser, gateways: Gat
         assert edited["parentRunId"] == "r0"
         asked = [m["content"] for m in edited["messages"] if m["role"] == "user"]
         assert asked == ["start", "bonjour"]
+        viewer.check_clean()
+
+
+# -- presence: "N watching" --------------------------------------------------------------------
+
+
+async def watching(viewer: Viewer, text: str) -> None:
+    """Wait until the header says *text* ("2 watching")."""
+    await viewer.page.wait_for_function(
+        "(text) => { const node = document.querySelector('[data-testid=watching]');"
+        " return !node.hidden && node.textContent === text; }",
+        arg=text,
+        timeout=WAIT_MS,
+    )
+
+
+async def test_the_header_says_how_many_are_watching(browser: Browser, gateways: Gateways) -> None:
+    hub = gateways.start(None, "--presence-interval", "0.2")
+    thread = "viewer-presence"
+    viewer = await Viewer.open(browser, hub.port, thread)
+    badge = viewer.page.locator("[data-testid=watching]")
+    await watching(viewer, "1 watching")
+    assert await badge.get_attribute("title") == "anonymous (viewer) — this page"
+
+    async with (
+        HubClient(hub.url, client={"name": "py", "device": "test"}) as client,
+        client.subscribe(thread) as sub,
+    ):
+        await asyncio.wait_for(anext(sub), WAIT)
+        await watching(viewer, "2 watching")
+        title = await badge.get_attribute("title")
+        assert title == "anonymous (viewer) — this page\nanonymous (py · test)", title
+        model = await viewer.model()
+        assert model["presence"] == {
+            "shown": True,
+            "count": 2,
+            "subjects": ["anonymous", "anonymous"],
+            "hidden": False,
+            "off": False,
+        }
+    await watching(viewer, "1 watching")
+    assert (await viewer.model())["presence"]["count"] == 1
+    viewer.check_clean()
+
+
+async def test_count_only_and_presence_off(browser: Browser, gateways: Gateways) -> None:
+    counting = gateways.start(None, "--presence", "count", "--presence-interval", "0.2")
+    off = gateways.start(None, "--presence", "off")
+    counted = await Viewer.open(browser, counting.port, "counted")
+    await watching(counted, "1 watching")
+    title = await counted.page.locator("[data-testid=watching]").get_attribute("title")
+    assert title == "this hub shows how many, not who"
+    assert (await counted.model())["presence"]["subjects"] == []
+    unseen = await Viewer.open(browser, off.port, "unseen")
+    await unseen.page.wait_for_function(
+        "() => window.aguiViewer.model().presence.off", timeout=WAIT_MS
+    )
+    assert await unseen.page.locator("[data-testid=watching]").is_hidden()
+    for viewer in (counted, unseen):
         viewer.check_clean()

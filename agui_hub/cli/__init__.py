@@ -1,15 +1,17 @@
 """The ``agui-hub`` command line (the top layer): the gateway (``serve``), the
 clients' commands (``publish``, ``tail``, ``replay``, ``demo``, ``run``,
-``cancel``, ``token``) and the operator commands (``threads``, ``info``,
-``delete``, ``check``). ``main()`` is the console script's entry point.
+``cancel``, ``runs``, ``presence``, ``token``) and the operator commands
+(``threads``, ``info``, ``delete``, ``check``). ``main()`` is the console
+script's entry point.
 
 One module per group of commands, each with its parsers and its command
 functions: :mod:`.serve` (serve, token), :mod:`.publish` (publish, demo),
-:mod:`.follow` (tail, replay), :mod:`.runs` (run, cancel), :mod:`.threads`
-(threads, info, delete) and :mod:`.check`. What they share is in
-:mod:`.common` (options, stdout, exit statuses, listed there),
-:mod:`.retry` (waiting out an unreachable hub) and :mod:`.shared_store`
-(the operator commands' ``--store``); :mod:`.parser` assembles the parser.
+:mod:`.follow` (tail, replay), :mod:`.runs` (run, cancel, runs),
+:mod:`.presence`, :mod:`.threads` (threads, info, delete) and :mod:`.check`.
+What they share is in :mod:`.common` (options, stdout, exit statuses, listed
+there), :mod:`.retry` (waiting out an unreachable hub) and
+:mod:`.shared_store` (the operator commands' ``--store``); :mod:`.parser`
+assembles the parser.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .check import check_command
 from .common import run_to_exit_status
 from .follow import replay_command, tail_command
 from .parser import build_parser
+from .presence import presence_command
 from .publish import demo_command, publish_command
 from .runs import cancel_command, run_command, runs_command
 from .serve import serve_command, token_command
@@ -38,6 +41,7 @@ ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "run": run_command,
     "cancel": cancel_command,
     "runs": runs_command,
+    "presence": presence_command,
     "threads": threads_command,
     "info": info_command,
     "delete": delete_command,

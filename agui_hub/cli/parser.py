@@ -8,6 +8,7 @@ import argparse
 from ..version import __version__
 from .check import add_check_parser
 from .follow import add_replay_parser, add_tail_parser
+from .presence import add_presence_parser
 from .publish import add_demo_parser, add_publish_parser
 from .runs import add_cancel_parser, add_run_parser, add_runs_parser
 from .serve import add_serve_parser, add_token_parser
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(commands)
     add_cancel_parser(commands)
     add_runs_parser(commands)
+    add_presence_parser(commands)
     add_threads_parser(commands)
     add_info_parser(commands)
     add_delete_parser(commands)

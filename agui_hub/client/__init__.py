@@ -11,25 +11,34 @@ Everything here talks to a gateway over WebSocket (``ws://``/``wss://``);
 
 from .hub_client import (
     Authenticated,
+    ClientInfo,
     ClientState,
     HubClient,
     Item,
+    LivePresence,
     Position,
+    Presence,
+    PresenceChanged,
     Snapshot,
     StartFrom,
     Subscribed,
     Subscription,
     ThreadEvent,
     TokenProvider,
+    Watcher,
 )
 from .publisher import Publisher
 
 __all__ = [
     "Authenticated",
+    "ClientInfo",
     "ClientState",
     "HubClient",
     "Item",
+    "LivePresence",
     "Position",
+    "Presence",
+    "PresenceChanged",
     "Publisher",
     "Snapshot",
     "StartFrom",
@@ -37,4 +46,5 @@ __all__ = [
     "Subscription",
     "ThreadEvent",
     "TokenProvider",
+    "Watcher",
 ]

@@ -23,7 +23,9 @@ from its events.
 A subscription can expand ``*_CHUNK`` events into START / CONTENT / END
 (``expand_chunks=True``) and keep a live :class:`~agui_hub.agui.reducer.ThreadState`
 of everything it yielded (``state=True``), for a UI that reads messages and
-state at any moment.
+state at any moment. With ``presence=True`` it also keeps who else watches the
+thread (:attr:`Subscription.presence`) and yields a :class:`PresenceChanged`
+when someone joins or leaves; :meth:`HubClient.presence` asks once.
 
 The client needs ``websockets``, ``msgpack`` and ``pydantic`` only; it never
 imports redis.
@@ -62,22 +64,35 @@ from ..wire.offsets import Offset, check_thread
 from ..wire.protocol import Position
 from .credentials import Authenticated, ClientCredentials, TokenProvider
 from .link import ClientState, GatewayLink
+from .presence import (
+    ClientInfo,
+    LivePresence,
+    Presence,
+    PresenceChanged,
+    Watcher,
+    check_client_info,
+)
 from .publishing import PublishPipeline
 from .router import SubscriptionRouter
 from .subscription import Item, Snapshot, StartFrom, Subscribed, Subscription, ThreadEvent
 
 __all__ = [
     "Authenticated",
+    "ClientInfo",
     "ClientState",
     "HubClient",
     "Item",
+    "LivePresence",
     "Position",
+    "Presence",
+    "PresenceChanged",
     "Snapshot",
     "StartFrom",
     "Subscribed",
     "Subscription",
     "ThreadEvent",
     "TokenProvider",
+    "Watcher",
 ]
 
 DEFAULT_MAX_QUEUE = 10_000
@@ -130,6 +145,14 @@ class HubClient:
     reconnecting a retry no earlier than their ``Retry-After``. A
     ``rate_limited`` answer to a command is sent again by itself after the
     gateway's ``retryAfter``, within the call's timeout.
+
+    *client* is what this client tells the others watching a thread about
+    itself (presence, :meth:`presence`): a flat map such as ``{"name": "web",
+    "device": "laptop"}`` (keys of at most 32 characters; values strings,
+    numbers, booleans or ``None``; at most 256 bytes of JSON, else
+    :class:`ValueError`). It goes with every subscribe, so reconnects keep it,
+    and with :meth:`authenticate`; :meth:`subscribe` takes another one per
+    thread.
     """
 
     def __init__(
@@ -146,6 +169,7 @@ class HubClient:
         max_receive_bytes: int | None = DEFAULT_MAX_RECEIVE_BYTES,
         token: str | TokenProvider | None = None,
         refresh: bool = True,
+        client: ClientInfo | None = None,
     ) -> None:
         self.url = url
         self.encoding = Encoding(encoding)
@@ -158,6 +182,8 @@ class HubClient:
                 raise TypeError("token is a non-empty string or a callable that returns one")
         self.refresh = refresh
         """Renew the credentials before they expire (with a token provider only)."""
+        self.client_info = check_client_info(client)
+        """What this client tells the others watching a thread about itself (``client=``)."""
         self.open_timeout = open_timeout
         self.backoff_min = backoff_min
         self.backoff_max = backoff_max
@@ -236,6 +262,8 @@ class HubClient:
         expand_chunks: bool = False,
         state: bool = False,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        presence: bool = False,
+        client: ClientInfo | None = None,
     ) -> Subscription:
         """Follow *thread* from *start*; iterate the result for its items.
 
@@ -250,6 +278,15 @@ class HubClient:
         subscription stops taking frames and resubscribes from where it
         stopped once the consumer caught up (nothing is lost). One
         subscription per thread and client.
+
+        *presence* keeps who watches the thread in :attr:`Subscription.presence`
+        (a :class:`LivePresence`: ``count``, ``entries`` by connection id, this
+        connection's own id) and yields a :class:`PresenceChanged` item for each
+        change: the whole list first (again after each reconnect: replace what you
+        had), then who ``joined`` and who ``left``, at most once a second (the
+        gateway's ``--presence-interval``). On a gateway that keeps no presence the
+        one such item has ``off=True``. *client* replaces the client's ``client=``
+        map for this thread.
         """
         check_thread(thread)
         if start not in ("live", "start", "snapshot") and not isinstance(start, Position):
@@ -260,9 +297,11 @@ class HubClient:
             raise ValueError("run and branch do not go together")
         if max_queue < 2:
             raise ValueError("max_queue must be at least 2")
+        client_info = self.client_info if client is None else check_client_info(client)
         return Subscription(
             self, thread, start, host=self._subscriptions, run=run, branch=branch,
             expand_chunks=expand_chunks, state=state, max_queue=max_queue,
+            presence=presence, client_info=client_info,
         )  # fmt: skip
 
     async def publish(
@@ -342,7 +381,10 @@ class HubClient:
             raise ValueError("the token is a non-empty string")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout if timeout is not None else self.open_timeout)
-        reply = await self._link.request({"type": "auth", "token": token}, deadline)
+        command: dict[str, Any] = {"type": "auth", "token": token}
+        if self.client_info is not None:
+            command["client"] = self.client_info
+        reply = await self._link.request(command, deadline)
         if reply.get("type") != "authenticated":
             raise ClientError(f"the gateway answered auth with a {reply.get('type')!r} frame")
         result = Authenticated.from_reply(reply)
@@ -451,6 +493,32 @@ class HubClient:
             (RunInfo.from_json(run) for run in reply.get("runs", [])),
             more=bool(reply.get("more")),
         )
+
+    async def presence(
+        self, thread: str, limit: int = 100, *, timeout: float | None = None
+    ) -> Presence:
+        """Who watches *thread* now, on every gateway of the store: ``count``, the
+        first *limit* (1 to 1000) ``entries`` by the time they joined (each a
+        :class:`Watcher`: ``connection``, ``subject``, ``joined``, ``client``),
+        ``more`` when some were left out, ``hidden`` when the gateway shows the
+        count only. A subscription of this client to the thread is in it too. To
+        follow the changes, subscribe with ``presence=True`` instead.
+
+        Raises :class:`~agui_hub.errors.CommandRejected` with ``code``
+        ``presence_off`` (the gateway keeps no presence: ``--presence off``) or
+        ``forbidden`` (no read grant for the thread), and
+        :class:`~agui_hub.errors.HubUnreachable` without an answer within
+        *timeout* seconds (default: *open_timeout*).
+        """
+        check_thread(thread)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 1000:
+            raise ValueError("limit is an integer from 1 to 1000")
+        command: dict[str, Any] = {"type": "presence", "thread": thread, "limit": limit}
+        deadline = asyncio.get_running_loop().time() + (
+            timeout if timeout is not None else self.open_timeout
+        )
+        reply = await self._link.request(command, deadline)
+        return Presence.from_reply(reply)
 
     def new_event_ids(self, count: int) -> list[str]:
         """Fresh event ids, unique to this client: ``<random prefix>-<counter>``."""

@@ -53,6 +53,9 @@ __all__ = ["ClientState", "ConnectionLost", "GatewayLink", "ThreadFrames"]
 
 log = logging.getLogger("agui_hub.client")
 
+THREAD_FRAMES = frozenset({"event", "snapshot", "subscribed", "joined", "left"})
+"""Frames about a subscribed thread, for its subscription (``presence`` too, without id)."""
+
 
 class ClientState(enum.Enum):
     """Where a :class:`~agui_hub.client.HubClient` is in its life."""
@@ -75,7 +78,8 @@ class ThreadFrames(Protocol):
         ...
 
     def route(self, frame: dict[str, Any]) -> None:
-        """An ``event``, ``snapshot`` or ``subscribed`` frame."""
+        """An ``event``, ``snapshot``, ``subscribed`` frame, or one about who watches the
+        thread (``presence`` without id, ``joined``, ``left``)."""
         ...
 
     def on_error(self, frame: dict[str, Any]) -> bool:
@@ -321,13 +325,14 @@ class GatewayLink:
 
     def _dispatch(self, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
-        if kind in ("event", "snapshot", "subscribed"):
+        if kind in THREAD_FRAMES or (kind == "presence" and frame.get("id") is None):
+            # (A presence frame with an id answers a presence command.)
             self.threads.route(frame)
         elif kind == "error":
             if not self._settle_error(frame) and not self.threads.on_error(frame):
                 log.warning("agui-hub client: error from the gateway: %s %s",
                             frame.get("code"), frame.get("message"))  # fmt: skip
-        else:  # published, pong, unsubscribed
+        else:  # published, pong, unsubscribed, and the replies to other commands
             future = self._pending.get(frame.get("id"))  # type: ignore[arg-type]
             if future is not None and not future.done():
                 self.healthy()

@@ -103,6 +103,8 @@ class SubscriptionRouter:
             if frame.get("id") is not None and frame.get("id") == sub._awaiting:
                 self._link.healthy()  # the gateway serves the thread
             sub._on_subscribed(frame)
+        elif kind in ("presence", "joined", "left"):
+            sub._on_presence(frame)
 
     def on_error(self, frame: dict[str, Any]) -> bool:
         code, message = str(frame.get("code")), str(frame.get("message"))

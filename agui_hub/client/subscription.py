@@ -3,11 +3,13 @@
 :class:`Subscription` is what :meth:`HubClient.subscribe
 <agui_hub.client.HubClient.subscribe>` returns: iterate it for
 :class:`Subscribed`, :class:`Snapshot` and :class:`ThreadEvent` items, in
-order. The consumer side (iteration, chunk expansion, the folded state, the
-resume position) lives here; the frames come from the client's
+order (and with ``presence=True``,
+:class:`~agui_hub.client.presence.PresenceChanged` items). The consumer side
+(iteration, chunk expansion, the folded state, the kept presence, the resume
+position) lives here; the frames come from the client's
 :class:`~agui_hub.client.router.SubscriptionRouter`, which calls the
-receiving side (``_on_event``, ``_on_snapshot``, ``_on_subscribed``) and
-sends the subscribe commands this object builds.
+receiving side (``_on_event``, ``_on_snapshot``, ``_on_subscribed``,
+``_on_presence``) and sends the subscribe commands this object builds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..agui.reducer import ThreadState
 from ..errors import AguiHubError, ProtocolError
 from ..wire.offsets import START, Offset, offset_key
 from ..wire.protocol import Position
+from .presence import LivePresence, PresenceChanged
 
 __all__ = [
     "Item",
@@ -96,7 +99,9 @@ class ThreadEvent:
     event: dict[str, Any]
 
 
-Item = Subscribed | Snapshot | ThreadEvent
+Item = Subscribed | Snapshot | ThreadEvent | PresenceChanged
+"""What iterating a :class:`Subscription` yields (``PresenceChanged`` only with
+``presence=True``)."""
 
 
 # -- subscriptions ----------------------------------------------------------------------------
@@ -148,6 +153,8 @@ class Subscription:
         expand_chunks: bool,
         state: bool,
         max_queue: int,
+        presence: bool = False,
+        client_info: dict[str, Any] | None = None,
     ) -> None:
         self.client = client
         """The :class:`~agui_hub.client.HubClient` this subscription belongs to (its
@@ -166,6 +173,12 @@ class Subscription:
         """The last (re)subscription's ``recovered`` flag, once yielded."""
         self.state: ThreadState | None = ThreadState() if state else None
         """With ``state=True``: the thread folded from every item yielded so far."""
+        self.presence: LivePresence | None = LivePresence() if presence else None
+        """With ``presence=True``: who watches the thread, from every
+        :class:`~agui_hub.client.presence.PresenceChanged` item yielded so far."""
+        self.client_info = client_info
+        """What this subscription tells the thread's other watchers about this client
+        (sent with every subscribe; ``None``: nothing)."""
         self._expander = ChunkExpander(thread) if expand_chunks else None
         self._queue: deque[_Queued] = deque()
         self._pieces: deque[tuple[ThreadEvent, Position | None]] = deque()
@@ -245,6 +258,9 @@ class Subscription:
         item = queued.item
         if isinstance(item, Subscribed):
             self.recovered = item.recovered
+        elif isinstance(item, PresenceChanged):
+            if self.presence is not None:
+                item = self.presence.apply(item)
         elif isinstance(item, Snapshot):
             if self.state is not None:
                 self.state = ThreadState()
@@ -334,6 +350,12 @@ class Subscription:
             command["run"] = self.run
         if self.branch is not None:
             command["branch"] = self.branch
+        if self.presence is not None:
+            # Again on every resubscribe: a new connection has a new presence entry,
+            # and the gateway then sends the whole list again.
+            command["presence"] = True
+        if self.client_info is not None:
+            command["client"] = self.client_info
         return command
 
     def _untrusted(self, epoch: Any, recovered: bool) -> bool:
@@ -443,3 +465,12 @@ class Subscription:
                 # (its branch holds the one before).
                 self.branch = run_id
         self._push(ThreadEvent(self.thread, offset, event), Position(offset, epoch))
+
+    def _on_presence(self, frame: Mapping[str, Any]) -> None:
+        if self.presence is None or self._awaiting is not None or self._lagged:
+            # Not asked for; or about a subscription this one replaced, or frames are
+            # dropped until a resubscribe: the gateway sends the whole list after it.
+            return
+        change = PresenceChanged.from_frame(self.thread, frame)
+        if change is not None:
+            self._push(change, None)

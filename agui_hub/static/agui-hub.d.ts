@@ -33,6 +33,52 @@ export type AguiEvent = {
     type: string;
     [key: string]: unknown;
 };
+/** What a connection tells the others watching a thread about itself (presence): a flat
+ * map, keys of 1 to 32 characters, at most 256 bytes of JSON, e.g. `{name: "web"}`. */
+export type ClientInfo = Record<string, string | number | boolean | null>;
+/** One connection subscribed to a thread, on any gateway of the store (presence). */
+export interface PresenceEntry {
+    /** Its id, unique across gateways (a new one for each connection). */
+    connection: string;
+    /** The subject of its token, or "anonymous". */
+    subject: string;
+    /** When it subscribed, ms since the Unix epoch; absent only in a "left" change about a
+     * connection this subscription never saw join. */
+    joined?: number;
+    /** What it announced of itself (the `client` option), when it did. */
+    client?: ClientInfo;
+}
+/** Who watches a thread now: the answer to {@link HubClient.presence}. */
+export interface Presence {
+    /** Everyone watching, on every gateway. */
+    count: number;
+    /** The first ones by the time they joined (at most the limit asked; [] when hidden). */
+    entries: PresenceEntry[];
+    /** Some were left out of `entries`. */
+    more: boolean;
+    /** The gateway shows the count only (`--presence count`). */
+    hidden: boolean;
+}
+/** Who watches a subscribed thread (`sub.presence`, with `presence: true`): a new frozen
+ * object at every change. */
+export interface PresenceState extends Presence {
+    /** This connection's own id (its entry is among `entries`); null before the first list,
+     * in count-only mode, and when presence is off. */
+    self: string | null;
+    /** The gateway keeps no presence (`--presence off`): nothing will change. */
+    off: boolean;
+    /** The gateway sent the list: the fields above mean something. */
+    known: boolean;
+}
+/** What changed, as `onPresence` listeners are told: the whole list ("presence": after
+ * every (re)subscribe, and in count-only mode at each change; replace what you had), who
+ * "joined" (`entries`: them) or who "left" (`entries`: them, with what was known of them).
+ * `count` is everyone watching now, also when `entries` could not name them all. */
+export interface PresenceChange {
+    change: "presence" | "joined" | "left";
+    count: number;
+    entries: PresenceEntry[];
+}
 export type Item = {
     kind: "subscribed";
     thread: string;
@@ -99,6 +145,9 @@ export interface HubClientOptions {
      * more is refused with HubError, so an app publishing into an outage sees it at once
      * instead of queueing without bound. */
     maxPendingPublishes?: number;
+    /** What this client tells the others watching a thread about itself (presence), sent
+     * with every subscribe (reconnects keep it) and every `auth`. */
+    client?: ClientInfo;
 }
 export interface SubscribeOptions {
     from?: Start;
@@ -113,6 +162,12 @@ export interface SubscribeOptions {
     onItem?: (item: Item, sub: Subscription) => void;
     /** At most this many items wait for a slow iterator (default 10000, at least 2). */
     maxBuffer?: number;
+    /** Keep who watches the thread in `sub.presence`, and tell `onPresence` listeners of
+     * each change: the whole list first (again after every reconnect), then who joined and
+     * who left, at most once per the gateway's presence interval (1 s by default). */
+    presence?: boolean;
+    /** Replaces the client's `client` option for this thread. */
+    client?: ClientInfo;
 }
 export interface PublishOptions {
     /** Idempotency keys, one per event, all different; made up when not given. */
@@ -181,6 +236,8 @@ export interface RunInfo {
     preview: string;
 }
 export declare function checkThread(thread: string): string;
+/** Told of every change of a subscription's presence (`sub.onPresence`). */
+export type PresenceListener = (presence: PresenceState, change: PresenceChange, sub: Subscription) => void;
 /**
  * The items of one thread, in order: iterate it (`for await`), or give listeners
  * (`onItem`). Made by {@link HubClient.subscribe}.
@@ -197,6 +254,14 @@ export declare class Subscription implements AsyncIterable<Item> {
     get position(): Position | "live" | "start" | "snapshot";
     /** The `recovered` flag of the latest `subscribed` item handed out. */
     get recovered(): boolean | null;
+    /** With `presence: true`, who watches the thread now (a new frozen object at every
+     * change, as `hub.status`); null without. */
+    get presence(): PresenceState | null;
+    /** Call *listener* with `sub.presence` and what changed at every change, as the gateway's
+     * frame arrives (not queued behind the items an iterator has not taken yet); returns the
+     * unsubscribe. Only with `presence: true`. A listener that throws is reported with
+     * console.error; the others still run. */
+    onPresence(listener: PresenceListener): () => void;
     /** Why the subscription ended (null while it runs, or after a plain close). */
     get error(): HubError | null;
     get closed(): boolean;
@@ -251,6 +316,15 @@ export declare class HubClient {
         more: boolean;
         agents: string[];
     }>;
+    /** Who watches *thread* now, on every gateway of the store: `count`, the first *limit*
+     * (default 100, at most 1000) `entries` by the time they joined, `more` when some were left
+     * out, `hidden` when the gateway shows the count only. Rejects with CommandRejected
+     * `presence_off` (the gateway keeps no presence) or `forbidden` (no read grant). To follow
+     * the changes, subscribe with `presence: true` instead. */
+    presence(thread: string, options?: {
+        limit?: number;
+        timeout?: number;
+    }): Promise<Presence>;
     /** Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md): its input
      * is built from the thread, or with `parentRunId` from the branch that ends with that run
      * (regenerate, edit), plus `messages`. Resolves with the `running` reply once the run is

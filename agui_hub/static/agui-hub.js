@@ -1578,6 +1578,61 @@ function randomHex(bytes) {
   else for (let i = 0; i < bytes; i++) data[i] = Math.floor(Math.random() * 256);
   return Array.from(data, (b) => b.toString(16).padStart(2, "0")).join("");
 }
+var MAX_CLIENT_BYTES = 256;
+var MAX_CLIENT_KEY_CHARS = 32;
+var MAX_PRESENCE_LIMIT = 1e3;
+function checkClientInfo(client) {
+  if (client === void 0 || client === null) return void 0;
+  if (typeof client !== "object" || Array.isArray(client)) {
+    throw new HubError('client is a flat object, e.g. {name: "web"}');
+  }
+  const copy = {};
+  for (const [key, value] of Object.entries(client)) {
+    if (key.length < 1 || key.length > MAX_CLIENT_KEY_CHARS) {
+      throw new HubError(`client keys have 1 to ${MAX_CLIENT_KEY_CHARS} characters`);
+    }
+    const plain = value === null || typeof value === "string" || typeof value === "boolean" || typeof value === "number" && Number.isFinite(value);
+    if (!plain) {
+      throw new HubError(
+        `client.${key}: client is a flat object of strings, finite numbers, booleans and null`
+      );
+    }
+    copy[key] = value;
+  }
+  const size = new TextEncoder().encode(JSON.stringify(copy)).length;
+  if (size > MAX_CLIENT_BYTES) {
+    throw new HubError(`client is ${size} bytes of JSON, over ${MAX_CLIENT_BYTES}`);
+  }
+  return copy;
+}
+function presenceEntry(value) {
+  if (typeof value !== "object" || value === null) return null;
+  const { connection, subject, joined, client } = value;
+  if (typeof connection !== "string" || typeof subject !== "string") return null;
+  const entry = { connection, subject };
+  if (typeof joined === "number" && Number.isFinite(joined)) entry.joined = joined;
+  if (typeof client === "object" && client !== null && !Array.isArray(client)) {
+    entry.client = client;
+  }
+  return entry;
+}
+function presenceEntries(value) {
+  if (!Array.isArray(value)) return [];
+  return value.map(presenceEntry).filter((e) => e !== null);
+}
+function presenceCount(frame) {
+  const count = frame.count;
+  return typeof count === "number" && Number.isInteger(count) && count >= 0 ? count : 0;
+}
+var NO_PRESENCE = Object.freeze({
+  count: 0,
+  entries: [],
+  more: false,
+  hidden: false,
+  self: null,
+  off: false,
+  known: false
+});
 function startValue(start) {
   return typeof start === "string" ? start : { offset: start.offset, epoch: start.epoch };
 }
@@ -1589,8 +1644,15 @@ var Subscription = class {
   /** The branch followed: its latest run as received (undefined: no branch). */
   branch;
   #maxBuffer;
+  #wantsPresence;
+  #clientInfo;
   #handed;
   #recovered = null;
+  #presence;
+  // The watchers by connection id (a `left` frame names only connection and subject: the
+  // rest is here).
+  #watchers = /* @__PURE__ */ new Map();
+  #presenceListeners = /* @__PURE__ */ new Set();
   #listeners = /* @__PURE__ */ new Set();
   #endListeners = /* @__PURE__ */ new Set();
   #buffer = [];
@@ -1646,6 +1708,12 @@ var Subscription = class {
     if (options.run !== void 0 && options.branch !== void 0) {
       throw new HubError("run and branch do not go together");
     }
+    if (options.presence !== void 0 && typeof options.presence !== "boolean") {
+      throw new HubError("presence is true or false");
+    }
+    this.#wantsPresence = options.presence === true;
+    this.#presence = this.#wantsPresence ? NO_PRESENCE : null;
+    this.#clientInfo = options.client !== void 0 ? checkClientInfo(options.client) : client._clientInfo;
     this.#client = client;
     this.thread = thread;
     this.#start = typeof start === "string" ? start : { offset: start.offset, epoch: start.epoch ?? null };
@@ -1665,6 +1733,19 @@ var Subscription = class {
   /** The `recovered` flag of the latest `subscribed` item handed out. */
   get recovered() {
     return this.#recovered;
+  }
+  /** With `presence: true`, who watches the thread now (a new frozen object at every
+   * change, as `hub.status`); null without. */
+  get presence() {
+    return this.#presence;
+  }
+  /** Call *listener* with `sub.presence` and what changed at every change, as the gateway's
+   * frame arrives (not queued behind the items an iterator has not taken yet); returns the
+   * unsubscribe. Only with `presence: true`. A listener that throws is reported with
+   * console.error; the others still run. */
+  onPresence(listener) {
+    this.#presenceListeners.add(listener);
+    return () => this.#presenceListeners.delete(listener);
   }
   /** Why the subscription ended (null while it runs, or after a plain close). */
   get error() {
@@ -1755,6 +1836,15 @@ var Subscription = class {
     if (toListeners) this.#callListeners(entry.item);
     return entry.item;
   }
+  #callPresenceListeners(presence, change) {
+    for (const listener of [...this.#presenceListeners]) {
+      try {
+        listener(presence, change, this);
+      } catch (error) {
+        report(`an onPresence listener of thread ${JSON.stringify(this.thread)} threw`, error);
+      }
+    }
+  }
   #callListeners(item) {
     for (const listener of [...this.#listeners]) {
       try {
@@ -1831,6 +1921,8 @@ var Subscription = class {
     const command = { type: "subscribe", id, thread: this.thread, from: start };
     if (this.#run !== void 0) command.run = this.#run;
     if (this.branch !== void 0) command.branch = this.branch;
+    if (this.#wantsPresence) command.presence = true;
+    if (this.#clientInfo !== void 0) command.client = this.#clientInfo;
     return command;
   }
   /** @internal A frame of this thread could not be read (a malformed frame, or one the
@@ -1976,6 +2068,47 @@ var Subscription = class {
     this.#receivedKey = key;
     return true;
   }
+  /** @internal A `presence` frame without id, or a `joined` or `left` frame. */
+  _onPresence(frame) {
+    if (this.#presence === null || this.awaiting !== null || this.lagged) return;
+    if (this.#ended || this.#closed) return;
+    const type = frame.type;
+    if (type !== "presence" && type !== "joined" && type !== "left") return;
+    const watchers = this.#watchers;
+    const count = presenceCount(frame);
+    let entries = presenceEntries(frame.entries);
+    let next;
+    if (type === "presence") {
+      watchers.clear();
+      const off = frame.off === true;
+      if (off) entries = [];
+      for (const entry of entries) watchers.set(entry.connection, entry);
+      next = {
+        count: off ? 0 : count,
+        entries: [...watchers.values()],
+        // (Count only: nobody is named, and that is not "more".)
+        more: !off && frame.hidden !== true && (frame.more === true || count > watchers.size),
+        hidden: frame.hidden === true,
+        self: !off && typeof frame.connection === "string" ? frame.connection : null,
+        off,
+        known: true
+      };
+    } else {
+      if (type === "joined") {
+        for (const entry of entries) watchers.set(entry.connection, entry);
+      } else {
+        entries = entries.map((entry) => {
+          const kept = watchers.get(entry.connection);
+          watchers.delete(entry.connection);
+          return kept ?? entry;
+        });
+      }
+      const entriesNow = [...watchers.values()];
+      next = { ...this.#presence, count, entries: entriesNow, more: count > watchers.size };
+    }
+    this.#presence = Object.freeze(next);
+    this.#callPresenceListeners(this.#presence, { change: type, count: next.count, entries });
+  }
 };
 var HubClient = class {
   url;
@@ -1992,6 +2125,8 @@ var HubClient = class {
   #giveUpAfter;
   #maxFrameBytes;
   #maxPendingPublishes;
+  /** @internal The `client` option, checked: what subscriptions and `auth` send. */
+  _clientInfo;
   #encoder = new Encoder({ ignoreUndefined: true });
   #decoder = new Decoder({ useBigInt64: false });
   #textEncoder = new TextEncoder();
@@ -2089,6 +2224,7 @@ var HubClient = class {
       throw new HubError("maxPendingPublishes is an integer of at least 1");
     }
     this.#maxPendingPublishes = pending;
+    this._clientInfo = checkClientInfo(options.client);
     this.#status = Object.freeze({
       state: "connecting",
       reconnects: 0,
@@ -2202,6 +2338,26 @@ var HubClient = class {
       runs: Array.isArray(reply.runs) ? reply.runs : [],
       more: reply.more === true,
       agents: Array.isArray(reply.agents) ? reply.agents : []
+    };
+  }
+  /** Who watches *thread* now, on every gateway of the store: `count`, the first *limit*
+   * (default 100, at most 1000) `entries` by the time they joined, `more` when some were left
+   * out, `hidden` when the gateway shows the count only. Rejects with CommandRejected
+   * `presence_off` (the gateway keeps no presence) or `forbidden` (no read grant). To follow
+   * the changes, subscribe with `presence: true` instead. */
+  async presence(thread, options = {}) {
+    checkThread(thread);
+    const limit = options.limit ?? 100;
+    if (!Number.isInteger(limit) || limit < 1 || limit > MAX_PRESENCE_LIMIT) {
+      throw new HubError(`limit is an integer from 1 to ${MAX_PRESENCE_LIMIT}`);
+    }
+    const command = { type: "presence", thread, limit };
+    const reply = await this.#request(command, options.timeout ?? this.#openTimeout);
+    return {
+      count: presenceCount(reply),
+      entries: presenceEntries(reply.entries),
+      more: reply.more === true,
+      hidden: reply.hidden === true
     };
   }
   /** Ask the gateway to run upstream agent *agent* in *thread* (docs/bridge.md): its input
@@ -2645,6 +2801,10 @@ var HubClient = class {
       case "snapshot":
         sub?._onSnapshot(frame);
         return;
+      case "joined":
+      case "left":
+        sub?._onPresence(frame);
+        return;
       case "subscribed":
         if (sub !== void 0) {
           if (id !== null && id === sub.awaiting) this.#healthy();
@@ -2657,6 +2817,12 @@ var HubClient = class {
       case "unsubscribed":
         if (id !== null) this.#unsubscribes.delete(id);
         return;
+      case "presence":
+        if (id === null) {
+          sub?._onPresence(frame);
+          return;
+        }
+      // falls through: the reply to a presence command
       default: {
         const out = id === null ? void 0 : this.#inflight.get(id);
         if (out !== void 0) {
@@ -2939,7 +3105,9 @@ var HubClient = class {
     const ws = this.#ws;
     try {
       const token = await this.#tokenNow();
-      const reply = await this.#request({ type: "auth", token }, this.#openTimeout);
+      const command = { type: "auth", token };
+      if (this._clientInfo !== void 0) command.client = this._clientInfo;
+      const reply = await this.#request(command, this.#openTimeout);
       if (reply.type !== "authenticated") throw new HubError(`auth answered ${String(reply.type)}`);
       if (this.#ws !== ws) return;
       const until = typeof reply.expires === "number" ? reply.expires * 1e3 : null;

@@ -1515,8 +1515,15 @@ function tokenKey(hub) {
   return `${TOKEN_KEY} ${hub}`;
 }
 var RECENT_MAX = 12;
+var CLIENT_INFO = { name: "viewer" };
 var TREE_CHILDREN_MAX = 500;
 var PREVIEW_CHARS = 140;
+var NO_PRESENCE = { shown: false, count: 0, subjects: [], hidden: false, off: false };
+function watcherLine(entry, self) {
+  const client = entry.client ? Object.values(entry.client).filter((v) => v !== null && v !== "") : [];
+  const about = client.length ? ` (${client.map(String).join(" · ")})` : "";
+  return `${entry.subject}${about}${entry.connection === self ? " — this page" : ""}`;
+}
 function branchTip(runs, tip) {
   if (runs.length === 0) return null;
   const listed = new Set(runs.map((r) => r.runId));
@@ -2116,6 +2123,7 @@ var Viewer = class {
   #frame = 0;
   #generation = 0;
   #stateShown = void 0;
+  #presence = NO_PRESENCE;
   #threadInput = byId("thread");
   #encoding = byId("encoding");
   #token = byId("token");
@@ -2124,6 +2132,7 @@ var Viewer = class {
   #status = testId("status");
   #reconnects = testId("reconnects");
   #resume = testId("resume");
+  #watching = testId("watching");
   #notice = byId("notice");
   #stateProblem = byId("state-problem");
   #eventsLine = byId("events-line");
@@ -2202,7 +2211,8 @@ var Viewer = class {
     return {
       ...this.model.snapshot(),
       connection: structuredClone(this.connection),
-      forks: structuredClone(this.#forks)
+      forks: structuredClone(this.#forks),
+      presence: structuredClone(this.#presence)
     };
   }
   transcriptText() {
@@ -2280,7 +2290,12 @@ var Viewer = class {
     this.#closeClient();
     const token = storage("session")?.getItem(tokenKey(this.connection.hub)) || void 0;
     try {
-      this.#client = new HubClient({ url: this.connection.hub, encoding: this.connection.encoding, token });
+      this.#client = new HubClient({
+        url: this.connection.hub,
+        encoding: this.connection.encoding,
+        token,
+        client: CLIENT_INFO
+      });
     } catch (error) {
       this.#notify("error", `cannot connect: ${error.message}`);
       return;
@@ -2303,6 +2318,7 @@ var Viewer = class {
     const sub = this.#sub;
     this.#sub = null;
     this.#generation += 1;
+    this.#showPresence(null);
     if (sub) void sub.close().catch(() => void 0);
   }
   #subscribe() {
@@ -2331,9 +2347,13 @@ var Viewer = class {
       this.#sub = client.subscribe(thread, {
         from: this.connection.from,
         ...this.connection.branch !== null ? { branch: this.connection.branch } : {},
+        presence: true,
         onItem: (item) => {
           if (generation === this.#generation) this.#onItem(item);
         }
+      });
+      this.#sub.onPresence((presence) => {
+        if (generation === this.#generation) this.#showPresence(presence);
       });
     } catch (error) {
       this.#notify("error", error.message);
@@ -2342,6 +2362,7 @@ var Viewer = class {
     this.#sub.onEnd((error) => {
       if (generation !== this.#generation || !error) return;
       this.connection.subscribed = false;
+      this.#showPresence(null);
       this.connection.error = describe(error);
       this.connection.stopped = this.connection.error;
       this.#notify("error", this.connection.error);
@@ -2590,6 +2611,32 @@ var Viewer = class {
     this.#resume.title = `${resumes.length} resumes: ${complete} complete, ${resumes.length - complete} from a snapshot`;
     this.#resume.dataset.complete = String(last.complete);
     this.#resume.textContent = last.complete ? "resumed, nothing missed" : "resumed from a snapshot: events between were trimmed";
+  }
+  /** "N watching" in the header, who in its tooltip; hidden until the gateway sent the
+   * list, and when it keeps no presence. */
+  #showPresence(presence) {
+    if (presence === null || !presence.known || presence.off) {
+      this.#presence = { ...NO_PRESENCE, off: presence?.off ?? false };
+      this.#watching.hidden = true;
+      this.#watching.textContent = "";
+      this.#watching.title = "";
+      return;
+    }
+    const entries = presence.hidden ? [] : presence.entries;
+    this.#presence = {
+      shown: true,
+      count: presence.count,
+      subjects: entries.map((entry) => entry.subject),
+      hidden: presence.hidden,
+      off: false
+    };
+    this.#watching.hidden = false;
+    this.#watching.textContent = `${presence.count} watching`;
+    const lines = entries.map((entry) => watcherLine(entry, presence.self));
+    const unlisted = presence.count - entries.length;
+    if (presence.hidden) lines.push("this hub shows how many, not who");
+    else if (unlisted > 0) lines.push(`and ${unlisted} more`);
+    this.#watching.title = lines.join("\n");
   }
   #showWaiting(thread) {
     this.#resume.textContent = "";

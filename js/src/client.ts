@@ -38,6 +38,57 @@ export type Start = "live" | "start" | "snapshot" | Position;
 /** An AG-UI event as published (canonical wire form, unknown fields included). */
 export type AguiEvent = { type: string; [key: string]: unknown };
 
+/** What a connection tells the others watching a thread about itself (presence): a flat
+ * map, keys of 1 to 32 characters, at most 256 bytes of JSON, e.g. `{name: "web"}`. */
+export type ClientInfo = Record<string, string | number | boolean | null>;
+
+/** One connection subscribed to a thread, on any gateway of the store (presence). */
+export interface PresenceEntry {
+  /** Its id, unique across gateways (a new one for each connection). */
+  connection: string;
+  /** The subject of its token, or "anonymous". */
+  subject: string;
+  /** When it subscribed, ms since the Unix epoch; absent only in a "left" change about a
+   * connection this subscription never saw join. */
+  joined?: number;
+  /** What it announced of itself (the `client` option), when it did. */
+  client?: ClientInfo;
+}
+
+/** Who watches a thread now: the answer to {@link HubClient.presence}. */
+export interface Presence {
+  /** Everyone watching, on every gateway. */
+  count: number;
+  /** The first ones by the time they joined (at most the limit asked; [] when hidden). */
+  entries: PresenceEntry[];
+  /** Some were left out of `entries`. */
+  more: boolean;
+  /** The gateway shows the count only (`--presence count`). */
+  hidden: boolean;
+}
+
+/** Who watches a subscribed thread (`sub.presence`, with `presence: true`): a new frozen
+ * object at every change. */
+export interface PresenceState extends Presence {
+  /** This connection's own id (its entry is among `entries`); null before the first list,
+   * in count-only mode, and when presence is off. */
+  self: string | null;
+  /** The gateway keeps no presence (`--presence off`): nothing will change. */
+  off: boolean;
+  /** The gateway sent the list: the fields above mean something. */
+  known: boolean;
+}
+
+/** What changed, as `onPresence` listeners are told: the whole list ("presence": after
+ * every (re)subscribe, and in count-only mode at each change; replace what you had), who
+ * "joined" (`entries`: them) or who "left" (`entries`: them, with what was known of them).
+ * `count` is everyone watching now, also when `entries` could not name them all. */
+export interface PresenceChange {
+  change: "presence" | "joined" | "left";
+  count: number;
+  entries: PresenceEntry[];
+}
+
 export type Item =
   | {
       kind: "subscribed";
@@ -106,6 +157,9 @@ export interface HubClientOptions {
    * more is refused with HubError, so an app publishing into an outage sees it at once
    * instead of queueing without bound. */
   maxPendingPublishes?: number;
+  /** What this client tells the others watching a thread about itself (presence), sent
+   * with every subscribe (reconnects keep it) and every `auth`. */
+  client?: ClientInfo;
 }
 
 export interface SubscribeOptions {
@@ -121,6 +175,12 @@ export interface SubscribeOptions {
   onItem?: (item: Item, sub: Subscription) => void;
   /** At most this many items wait for a slow iterator (default 10000, at least 2). */
   maxBuffer?: number;
+  /** Keep who watches the thread in `sub.presence`, and tell `onPresence` listeners of
+   * each change: the whole list first (again after every reconnect), then who joined and
+   * who left, at most once per the gateway's presence interval (1 s by default). */
+  presence?: boolean;
+  /** Replaces the client's `client` option for this thread. */
+  client?: ClientInfo;
 }
 
 export interface PublishOptions {
@@ -376,6 +436,80 @@ function randomHex(bytes: number): string {
   return Array.from(data, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
+const MAX_CLIENT_BYTES = 256;
+const MAX_CLIENT_KEY_CHARS = 32;
+const MAX_PRESENCE_LIMIT = 1000;
+
+/** A copy of *client* as it goes on the wire; throws HubError when the gateway would refuse
+ * it (not a flat map, a key empty or over 32 characters, over 256 bytes of JSON). */
+function checkClientInfo(client: unknown): ClientInfo | undefined {
+  if (client === undefined || client === null) return undefined;
+  if (typeof client !== "object" || Array.isArray(client)) {
+    throw new HubError('client is a flat object, e.g. {name: "web"}');
+  }
+  const copy: ClientInfo = {};
+  for (const [key, value] of Object.entries(client as Record<string, unknown>)) {
+    if (key.length < 1 || key.length > MAX_CLIENT_KEY_CHARS) {
+      throw new HubError(`client keys have 1 to ${MAX_CLIENT_KEY_CHARS} characters`);
+    }
+    const plain =
+      value === null ||
+      typeof value === "string" ||
+      typeof value === "boolean" ||
+      (typeof value === "number" && Number.isFinite(value));
+    if (!plain) {
+      throw new HubError(
+        `client.${key}: client is a flat object of strings, finite numbers, booleans and null`,
+      );
+    }
+    copy[key] = value as string | number | boolean | null;
+  }
+  const size = new TextEncoder().encode(JSON.stringify(copy)).length;
+  if (size > MAX_CLIENT_BYTES) {
+    throw new HubError(`client is ${size} bytes of JSON, over ${MAX_CLIENT_BYTES}`);
+  }
+  return copy;
+}
+
+function presenceEntry(value: unknown): PresenceEntry | null {
+  if (typeof value !== "object" || value === null) return null;
+  const { connection, subject, joined, client } = value as Frame;
+  if (typeof connection !== "string" || typeof subject !== "string") return null;
+  const entry: PresenceEntry = { connection, subject };
+  if (typeof joined === "number" && Number.isFinite(joined)) entry.joined = joined;
+  if (typeof client === "object" && client !== null && !Array.isArray(client)) {
+    entry.client = client as ClientInfo;
+  }
+  return entry;
+}
+
+function presenceEntries(value: unknown): PresenceEntry[] {
+  if (!Array.isArray(value)) return [];
+  return value.map(presenceEntry).filter((e): e is PresenceEntry => e !== null);
+}
+
+function presenceCount(frame: Frame): number {
+  const count = frame.count;
+  return typeof count === "number" && Number.isInteger(count) && count >= 0 ? count : 0;
+}
+
+/** Told of every change of a subscription's presence (`sub.onPresence`). */
+export type PresenceListener = (
+  presence: PresenceState,
+  change: PresenceChange,
+  sub: Subscription,
+) => void;
+
+const NO_PRESENCE: PresenceState = Object.freeze({
+  count: 0,
+  entries: [],
+  more: false,
+  hidden: false,
+  self: null,
+  off: false,
+  known: false,
+});
+
 function startValue(start: Start): unknown {
   return typeof start === "string" ? start : { offset: start.offset, epoch: start.epoch };
 }
@@ -408,8 +542,15 @@ export class Subscription implements AsyncIterable<Item> {
   /** The branch followed: its latest run as received (undefined: no branch). */
   branch: string | undefined;
   readonly #maxBuffer: number;
+  readonly #wantsPresence: boolean;
+  readonly #clientInfo: ClientInfo | undefined;
   #handed: Position | null;
   #recovered: boolean | null = null;
+  #presence: PresenceState | null;
+  // The watchers by connection id (a `left` frame names only connection and subject: the
+  // rest is here).
+  #watchers = new Map<string, PresenceEntry>();
+  #presenceListeners = new Set<PresenceListener>();
   #listeners = new Set<(item: Item, sub: Subscription) => void>();
   #endListeners = new Set<(error: HubError | null) => void>();
   #buffer: Buffered[] = [];
@@ -460,6 +601,13 @@ export class Subscription implements AsyncIterable<Item> {
     if (options.run !== undefined && options.branch !== undefined) {
       throw new HubError("run and branch do not go together");
     }
+    if (options.presence !== undefined && typeof options.presence !== "boolean") {
+      throw new HubError("presence is true or false");
+    }
+    this.#wantsPresence = options.presence === true;
+    this.#presence = this.#wantsPresence ? NO_PRESENCE : null;
+    this.#clientInfo =
+      options.client !== undefined ? checkClientInfo(options.client) : client._clientInfo;
     this.#client = client;
     this.thread = thread;
     this.#start =
@@ -482,6 +630,21 @@ export class Subscription implements AsyncIterable<Item> {
   /** The `recovered` flag of the latest `subscribed` item handed out. */
   get recovered(): boolean | null {
     return this.#recovered;
+  }
+
+  /** With `presence: true`, who watches the thread now (a new frozen object at every
+   * change, as `hub.status`); null without. */
+  get presence(): PresenceState | null {
+    return this.#presence;
+  }
+
+  /** Call *listener* with `sub.presence` and what changed at every change, as the gateway's
+   * frame arrives (not queued behind the items an iterator has not taken yet); returns the
+   * unsubscribe. Only with `presence: true`. A listener that throws is reported with
+   * console.error; the others still run. */
+  onPresence(listener: PresenceListener): () => void {
+    this.#presenceListeners.add(listener);
+    return () => this.#presenceListeners.delete(listener);
   }
 
   /** Why the subscription ended (null while it runs, or after a plain close). */
@@ -586,6 +749,16 @@ export class Subscription implements AsyncIterable<Item> {
     return entry.item;
   }
 
+  #callPresenceListeners(presence: PresenceState, change: PresenceChange): void {
+    for (const listener of [...this.#presenceListeners]) {
+      try {
+        listener(presence, change, this);
+      } catch (error) {
+        report(`an onPresence listener of thread ${JSON.stringify(this.thread)} threw`, error);
+      }
+    }
+  }
+
   #callListeners(item: Item): void {
     for (const listener of [...this.#listeners]) {
       try {
@@ -669,6 +842,10 @@ export class Subscription implements AsyncIterable<Item> {
     const command: Frame = { type: "subscribe", id, thread: this.thread, from: start };
     if (this.#run !== undefined) command.run = this.#run;
     if (this.branch !== undefined) command.branch = this.branch;
+    // On every resubscribe: a new connection is a new entry, and the gateway then sends the
+    // whole list again.
+    if (this.#wantsPresence) command.presence = true;
+    if (this.#clientInfo !== undefined) command.client = this.#clientInfo;
     return command;
   }
 
@@ -835,6 +1012,50 @@ export class Subscription implements AsyncIterable<Item> {
     this.#receivedKey = key;
     return true;
   }
+
+  /** @internal A `presence` frame without id, or a `joined` or `left` frame. */
+  _onPresence(frame: Frame): void {
+    // Not asked for; or about a subscription this one replaced, or dropped until the
+    // resubscribe, after which the gateway sends the whole list again.
+    if (this.#presence === null || this.awaiting !== null || this.lagged) return;
+    if (this.#ended || this.#closed) return;
+    const type = frame.type;
+    if (type !== "presence" && type !== "joined" && type !== "left") return;
+    const watchers = this.#watchers;
+    const count = presenceCount(frame);
+    let entries = presenceEntries(frame.entries);
+    let next: PresenceState;
+    if (type === "presence") {
+      watchers.clear();
+      const off = frame.off === true;
+      if (off) entries = [];
+      for (const entry of entries) watchers.set(entry.connection, entry);
+      next = {
+        count: off ? 0 : count,
+        entries: [...watchers.values()],
+        // (Count only: nobody is named, and that is not "more".)
+        more: !off && frame.hidden !== true && (frame.more === true || count > watchers.size),
+        hidden: frame.hidden === true,
+        self: !off && typeof frame.connection === "string" ? frame.connection : null,
+        off,
+        known: true,
+      };
+    } else {
+      if (type === "joined") {
+        for (const entry of entries) watchers.set(entry.connection, entry);
+      } else {
+        entries = entries.map((entry) => {
+          const kept = watchers.get(entry.connection);
+          watchers.delete(entry.connection);
+          return kept ?? entry;
+        });
+      }
+      const entriesNow = [...watchers.values()];
+      next = { ...this.#presence, count, entries: entriesNow, more: count > watchers.size };
+    }
+    this.#presence = Object.freeze(next);
+    this.#callPresenceListeners(this.#presence, { change: type, count: next.count, entries });
+  }
 }
 
 // -- the client ---------------------------------------------------------------------------------
@@ -883,6 +1104,8 @@ export class HubClient {
   readonly #giveUpAfter: number | null;
   readonly #maxFrameBytes: number;
   readonly #maxPendingPublishes: number;
+  /** @internal The `client` option, checked: what subscriptions and `auth` send. */
+  readonly _clientInfo: ClientInfo | undefined;
   readonly #encoder = new Encoder({ ignoreUndefined: true });
   readonly #decoder = new Decoder({ useBigInt64: false });
   readonly #textEncoder = new TextEncoder();
@@ -978,6 +1201,7 @@ export class HubClient {
       throw new HubError("maxPendingPublishes is an integer of at least 1");
     }
     this.#maxPendingPublishes = pending;
+    this._clientInfo = checkClientInfo(options.client);
     this.#status = Object.freeze({
       state: "connecting" as ConnectionState,
       reconnects: 0,
@@ -1104,6 +1328,30 @@ export class HubClient {
       runs: Array.isArray(reply.runs) ? (reply.runs as RunInfo[]) : [],
       more: reply.more === true,
       agents: Array.isArray(reply.agents) ? (reply.agents as string[]) : [],
+    };
+  }
+
+  /** Who watches *thread* now, on every gateway of the store: `count`, the first *limit*
+   * (default 100, at most 1000) `entries` by the time they joined, `more` when some were left
+   * out, `hidden` when the gateway shows the count only. Rejects with CommandRejected
+   * `presence_off` (the gateway keeps no presence) or `forbidden` (no read grant). To follow
+   * the changes, subscribe with `presence: true` instead. */
+  async presence(
+    thread: string,
+    options: { limit?: number; timeout?: number } = {},
+  ): Promise<Presence> {
+    checkThread(thread);
+    const limit = options.limit ?? 100;
+    if (!Number.isInteger(limit) || limit < 1 || limit > MAX_PRESENCE_LIMIT) {
+      throw new HubError(`limit is an integer from 1 to ${MAX_PRESENCE_LIMIT}`);
+    }
+    const command: Frame = { type: "presence", thread, limit };
+    const reply = await this.#request(command, options.timeout ?? this.#openTimeout);
+    return {
+      count: presenceCount(reply),
+      entries: presenceEntries(reply.entries),
+      more: reply.more === true,
+      hidden: reply.hidden === true,
     };
   }
 
@@ -1610,6 +1858,10 @@ export class HubClient {
       case "snapshot":
         sub?._onSnapshot(frame);
         return;
+      case "joined":
+      case "left":
+        sub?._onPresence(frame);
+        return;
       case "subscribed":
         if (sub !== undefined) {
           if (id !== null && id === sub.awaiting) this.#healthy(); // the gateway serves it
@@ -1622,8 +1874,14 @@ export class HubClient {
       case "unsubscribed":
         if (id !== null) this.#unsubscribes.delete(id);
         return;
+      case "presence":
+        if (id === null) {
+          sub?._onPresence(frame);
+          return;
+        }
+      // falls through: the reply to a presence command
       default: {
-        // published, pong, authenticated
+        // published, pong, authenticated, and the replies to other commands
         const out = id === null ? undefined : this.#inflight.get(id);
         if (out !== undefined) {
           this.#inflight.delete(id as number);
@@ -1944,7 +2202,9 @@ export class HubClient {
     const ws = this.#ws;
     try {
       const token = (await this.#tokenNow()) as string;
-      const reply = await this.#request({ type: "auth", token }, this.#openTimeout);
+      const command: Frame = { type: "auth", token };
+      if (this._clientInfo !== undefined) command.client = this._clientInfo;
+      const reply = await this.#request(command, this.#openTimeout);
       if (reply.type !== "authenticated") throw new HubError(`auth answered ${String(reply.type)}`);
       if (this.#ws !== ws) return; // a reconnect brought its own token meanwhile
       const until = typeof reply.expires === "number" ? reply.expires * 1000 : null;

@@ -20,6 +20,9 @@
 // "start" costs at most the thread's retention. `#from=snapshot` asks for the
 // compact snapshot instead (the current messages and state, not every token
 // delta): the choice for very long threads, at the price of finished steps.
+//
+// The header also says how many are watching the thread ("3 watching", from the
+// subscription's presence), with who they are in its tooltip.
 
 import {
   CommandRejected,
@@ -29,6 +32,8 @@ import {
   type ConnectionStatus,
   type Encoding,
   type Item,
+  type PresenceEntry,
+  type PresenceState,
   type RunInfo,
   type Subscription,
 } from "./client";
@@ -43,6 +48,8 @@ function tokenKey(hub: string): string {
   return `${TOKEN_KEY} ${hub}`;
 }
 const RECENT_MAX = 12;
+/** What the page tells others watching a thread about itself. */
+const CLIENT_INFO = { name: "viewer" };
 const TREE_CHILDREN_MAX = 500;
 const PREVIEW_CHARS = 140;
 
@@ -77,6 +84,28 @@ interface ConnectionModel {
   items: number;
   /** The branch followed (#branch=RUN; null: the whole thread). */
   branch: string | null;
+}
+
+/** Who watches the thread, as the header shows it (window.aguiViewer.model().presence). */
+interface PresenceModel {
+  /** Shown: the gateway sent the list (not before, not when it keeps no presence). */
+  shown: boolean;
+  count: number;
+  /** One per connection listed, in the order they joined ([] when hidden). */
+  subjects: string[];
+  /** The gateway shows the count only. */
+  hidden: boolean;
+  /** The gateway keeps no presence: nothing is shown. */
+  off: boolean;
+}
+
+const NO_PRESENCE: PresenceModel = { shown: false, count: 0, subjects: [], hidden: false, off: false };
+
+/** One watcher for the tooltip: "alice (web · laptop)", and " — this page" on the page's own. */
+function watcherLine(entry: PresenceEntry, self: string | null): string {
+  const client = entry.client ? Object.values(entry.client).filter((v) => v !== null && v !== "") : [];
+  const about = client.length ? ` (${client.map(String).join(" · ")})` : "";
+  return `${entry.subject}${about}${entry.connection === self ? " — this page" : ""}`;
 }
 
 /** Where the thread branches along what the page shows: a run that has siblings (other
@@ -772,6 +801,7 @@ class Viewer {
   #frame = 0;
   #generation = 0;
   #stateShown: unknown = undefined;
+  #presence: PresenceModel = NO_PRESENCE;
 
   readonly #threadInput = byId<HTMLInputElement>("thread");
   readonly #encoding = byId<HTMLSelectElement>("encoding");
@@ -781,6 +811,7 @@ class Viewer {
   readonly #status = testId<HTMLElement>("status");
   readonly #reconnects = testId<HTMLElement>("reconnects");
   readonly #resume = testId<HTMLElement>("resume");
+  readonly #watching = testId<HTMLElement>("watching");
   readonly #notice = byId<HTMLElement>("notice");
   readonly #stateProblem = byId<HTMLElement>("state-problem");
   readonly #eventsLine = byId<HTMLElement>("events-line");
@@ -864,6 +895,7 @@ class Viewer {
       ...this.model.snapshot(),
       connection: structuredClone(this.connection),
       forks: structuredClone(this.#forks),
+      presence: structuredClone(this.#presence),
     };
   }
 
@@ -952,7 +984,12 @@ class Viewer {
     this.#closeClient();
     const token = storage("session")?.getItem(tokenKey(this.connection.hub)) || undefined;
     try {
-      this.#client = new HubClient({ url: this.connection.hub, encoding: this.connection.encoding, token });
+      this.#client = new HubClient({
+        url: this.connection.hub,
+        encoding: this.connection.encoding,
+        token,
+        client: CLIENT_INFO,
+      });
     } catch (error) {
       this.#notify("error", `cannot connect: ${(error as Error).message}`);
       return;
@@ -977,6 +1014,7 @@ class Viewer {
     const sub = this.#sub;
     this.#sub = null;
     this.#generation += 1;
+    this.#showPresence(null);
     if (sub) void sub.close().catch(() => undefined);
   }
 
@@ -1006,9 +1044,13 @@ class Viewer {
       this.#sub = client.subscribe(thread, {
         from: this.connection.from,
         ...(this.connection.branch !== null ? { branch: this.connection.branch } : {}),
+        presence: true,
         onItem: (item) => {
           if (generation === this.#generation) this.#onItem(item);
         },
+      });
+      this.#sub.onPresence((presence) => {
+        if (generation === this.#generation) this.#showPresence(presence);
       });
     } catch (error) {
       this.#notify("error", (error as Error).message);
@@ -1018,6 +1060,7 @@ class Viewer {
       if (generation !== this.#generation || !error) return;
       // The connection may well be up: it is this thread that is not followed any more.
       this.connection.subscribed = false;
+      this.#showPresence(null); // not watching it either
       this.connection.error = describe(error);
       this.connection.stopped = this.connection.error;
       this.#notify("error", this.connection.error);
@@ -1303,6 +1346,33 @@ class Viewer {
     this.#resume.textContent = last.complete
       ? "resumed, nothing missed"
       : "resumed from a snapshot: events between were trimmed";
+  }
+
+  /** "N watching" in the header, who in its tooltip; hidden until the gateway sent the
+   * list, and when it keeps no presence. */
+  #showPresence(presence: PresenceState | null): void {
+    if (presence === null || !presence.known || presence.off) {
+      this.#presence = { ...NO_PRESENCE, off: presence?.off ?? false };
+      this.#watching.hidden = true;
+      this.#watching.textContent = "";
+      this.#watching.title = "";
+      return;
+    }
+    const entries = presence.hidden ? [] : presence.entries;
+    this.#presence = {
+      shown: true,
+      count: presence.count,
+      subjects: entries.map((entry) => entry.subject),
+      hidden: presence.hidden,
+      off: false,
+    };
+    this.#watching.hidden = false;
+    this.#watching.textContent = `${presence.count} watching`;
+    const lines = entries.map((entry) => watcherLine(entry, presence.self));
+    const unlisted = presence.count - entries.length;
+    if (presence.hidden) lines.push("this hub shows how many, not who");
+    else if (unlisted > 0) lines.push(`and ${unlisted} more`);
+    this.#watching.title = lines.join("\n");
   }
 
   #showWaiting(thread: string): void {

@@ -9,6 +9,8 @@
 //   node test/client-live.mjs publish --url URL --thread T [--encoding E] --count N
 //        [--marker TEXT] [--run-id R] [--deadline MS]
 //   node test/client-live.mjs runs --url URL --thread T [--limit N]
+//   node test/client-live.mjs presence --url URL --thread T [--client JSON] [--deadline MS]
+//        (follows who watches T, one {"presence": ...} line per change, until one left)
 //
 // F is start, live, snapshot or OFFSET@EPOCH. The exit status is 0 when the run ended as
 // asked (stop condition met, or for --until error an error), 3 when --deadline passed.
@@ -90,6 +92,7 @@ function makeClient(statuses) {
     token: tokenOption(),
     backoffMin: Number(opts["backoff-min"] ?? 50),
     backoffMax: Number(opts["backoff-max"] ?? 500),
+    client: opts.client ? JSON.parse(opts.client) : undefined,
   });
   statuses.push({ ...hub.status });
   hub.onStatus((status) => {
@@ -230,7 +233,30 @@ async function runs() {
   emit({ result });
 }
 
-const scenarios = { follow, publish, runs };
+async function presence() {
+  const statuses = [];
+  const hub = makeClient(statuses);
+  const sub = hub.subscribe(opts.thread, { presence: true });
+  const changes = [];
+  const timer = setTimeout(() => {
+    emit({ result: { timedOut: true, changes, statuses } });
+    process.exit(3);
+  }, deadlineMs);
+  await new Promise((resolve) => {
+    sub.onPresence((state, change) => {
+      changes.push(change);
+      emit({ presence: change.change, change, state });
+      if (change.change === "left") resolve();
+    });
+  });
+  const listed = await hub.presence(opts.thread);
+  clearTimeout(timer);
+  const result = { changes, presence: sub.presence, listed };
+  await hub.close();
+  emit({ result });
+}
+
+const scenarios = { follow, publish, runs, presence };
 if (!(opts.scenario in scenarios)) {
   console.error(`unknown scenario ${opts.scenario}: one of ${Object.keys(scenarios).join(", ")}`);
   process.exit(2);
