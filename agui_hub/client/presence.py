@@ -60,6 +60,8 @@ def check_client_info(client: ClientInfo | None) -> dict[str, Any] | None:
             )
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"client[{key!r}] is not a finite number")
+        if isinstance(value, int) and not -(2**63) <= value < 2**64:
+            raise ValueError(f"client[{key!r}] does not fit in 64 bits")
     size = len(json.dumps(copy, ensure_ascii=False).encode())
     if size > MAX_CLIENT_BYTES:
         raise ValueError(f"client is {size} bytes of JSON, over {MAX_CLIENT_BYTES}")

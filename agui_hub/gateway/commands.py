@@ -520,6 +520,7 @@ class CommandHandler:
         session.identity = identity
         if command.client is not None:
             session.client = command.client  # for the subscriptions made from now on
+        self.host.presence.resubject(session, identity.subject)
         session.start_clock()
         session.reply(
             authenticated_frame(

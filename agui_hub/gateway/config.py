@@ -212,6 +212,8 @@ class GatewayConfig:
             raise ValueError(f"raw_events is keep, strip or drop, not {self.raw_events!r}")
         if self.presence not in ("full", "count", "off"):
             raise ValueError(f"presence is full, count or off, not {self.presence!r}")
+        if not math.isfinite(self.presence_ttl):
+            raise ValueError(f"presence_ttl must be a number of seconds, not {self.presence_ttl}")
         if not 0.1 <= self.presence_interval <= self.presence_ttl / 3:
             raise ValueError(
                 f"presence_interval {self.presence_interval:g} must be 0.1 s or more, and at "

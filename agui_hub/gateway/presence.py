@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
@@ -50,6 +51,8 @@ log = logging.getLogger("agui_hub.presence")
 
 FRAME_ENTRIES = 100
 """Entries in one ``presence``, ``joined`` or ``left`` frame at most."""
+HIDDEN_SUBJECT = "hidden"
+"""The subject a count-only gateway writes (it writes no client either)."""
 DIFF_ENTRIES = 1000
 """Entries read per watched thread to tell who joined and who left: beyond
 them, ``joined`` and ``left`` name nobody, and ``count`` still tells."""
@@ -122,7 +125,9 @@ class PresenceTracker:
         """Each connection's threads here, joined or watched: a close visits only those."""
         self._local: dict[str, dict[Present, PresenceEntry]] = {}
         self._put: dict[str, dict[str, PresenceEntry]] = {}
-        self._gone: dict[str, set[str]] = {}
+        self._gone: dict[str, dict[str, float]] = {}
+        """Per thread, the connections that left and when (monotonic): a leave older
+        than the ttl has expired in the store, and is not written again."""
         self._watched: dict[str, _Watched] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -157,14 +162,29 @@ class PresenceTracker:
         """*conn* is subscribed to *thread* (again: its entry is replaced)."""
         if not self.enabled:
             return
+        if self.mode is PresenceMode.COUNT:
+            # Nothing to hide if it is never written (other gateways read the store).
+            subject, client = HIDDEN_SUBJECT, None
         entry = PresenceEntry(self.connection_id(conn), subject, int(time.time() * 1000), client)
         self._threads.setdefault(conn, set()).add(thread)
         self._local.setdefault(thread, {})[conn] = entry
         self._put.setdefault(thread, {})[entry.connection] = entry
         gone = self._gone.get(thread)
         if gone is not None:
-            gone.discard(entry.connection)
+            gone.pop(entry.connection, None)
         self._wake.set()
+
+    def resubject(self, conn: Present, subject: str) -> None:
+        """*conn* authenticated as *subject*: its entries say so from now on."""
+        if self.mode is not PresenceMode.FULL:
+            return
+        for thread in self._threads.get(conn, ()):
+            entry = self._local.get(thread, {}).get(conn)
+            if entry is not None and entry.subject != subject:
+                entry = dataclasses.replace(entry, subject=subject)
+                self._local[thread][conn] = entry
+                self._put.setdefault(thread, {})[entry.connection] = entry
+                self._wake.set()
 
     def leave(self, conn: Present, thread: str) -> None:
         """*conn* is no longer subscribed to *thread* (a no-op when it was not)."""
@@ -183,7 +203,7 @@ class PresenceTracker:
         put = self._put.get(thread)
         if put is not None:
             put.pop(entry.connection, None)
-        self._gone.setdefault(thread, set()).add(entry.connection)
+        self._gone.setdefault(thread, {})[entry.connection] = time.monotonic()
         self._wake.set()
 
     def leave_all(self, conn: Present) -> None:
@@ -228,9 +248,10 @@ class PresenceTracker:
     async def close(self) -> None:
         """Remove this gateway's entries (a closing gateway's viewers leave at once,
         not when their entries expire); gives up after :data:`CLOSE_TIMEOUT`."""
+        now = time.monotonic()
         for thread, entries in self._local.items():
-            gone = self._gone.setdefault(thread, set())
-            gone.update(entry.connection for entry in entries.values())
+            gone = self._gone.setdefault(thread, {})
+            gone.update((entry.connection, now) for entry in entries.values())
             self._put.pop(thread, None)
         self._local.clear()
         self._watched.clear()
@@ -252,9 +273,9 @@ class PresenceTracker:
         refresh_every = self.ttl / 3
         while True:
             now = time.monotonic()
+            # Watched threads, new watchers' too, are read at the interval only: a
+            # storm of watchers is one read per interval, not one each.
             due = min(self._refreshed + refresh_every, self._polled + self.interval)
-            if self._watched and any(w.fresh for w in self._watched.values()):
-                due = now
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, due - now)):
                     await self._wake.wait()
@@ -267,6 +288,10 @@ class PresenceTracker:
                 await self._poll()
             except StoreError as exc:
                 log.warning("presence: the store failed, trying again: %s", exc)
+                await asyncio.sleep(min(self.interval, 1.0))
+            except Exception:
+                # Presence must not stop for good: the next turn tries again.
+                log.exception("presence: a turn failed, trying again")
                 await asyncio.sleep(min(self.interval, 1.0))
 
     def _refresh(self) -> None:
@@ -289,7 +314,7 @@ class PresenceTracker:
             self._put, self._gone = {}, {}
             changes = [
                 PresenceChange(
-                    thread, list(put.get(thread, {}).values()), sorted(gone.get(thread, ()))
+                    thread, list(put.get(thread, {}).values()), sorted(gone.get(thread, {}))
                 )
                 for thread in put.keys() | gone.keys()
             ]
@@ -299,30 +324,35 @@ class PresenceTracker:
                 # Not written: kept for the next flush, behind what came meanwhile.
                 for thread, entries in put.items():
                     later = self._put.setdefault(thread, {})
-                    left = self._gone.get(thread, set())
+                    left = self._gone.get(thread, {})
                     for connection, entry in entries.items():
                         if connection not in left:  # a leave since wins
                             later.setdefault(connection, entry)
+                now = time.monotonic()
                 for thread, connections in gone.items():
-                    self._gone.setdefault(thread, set()).update(connections)
+                    later_gone = self._gone.setdefault(thread, {})
+                    for connection, left_at in connections.items():
+                        if now - left_at < self.ttl:  # older ones have expired anyway
+                            later_gone.setdefault(connection, left_at)
+                    if not later_gone:
+                        del self._gone[thread]
                 raise
             self.updates += 1
 
     async def _poll(self) -> None:
         """Read the watched threads that are due, and tell their watchers what changed."""
         now = time.monotonic()
-        if now >= self._polled + self.interval:
-            self._polled = now
-            threads = list(self._watched)
-        else:
-            threads = [t for t, w in self._watched.items() if w.fresh]
-        if not threads:
+        if now < self._polled + self.interval or not self._watched:
             return
+        self._polled = now
+        threads = list(self._watched)
         known = [
             None if w.page is None or w.fresh else w.page.version
             for w in (self._watched[t] for t in threads)
         ]
-        pages = await self.store.presence(threads, DIFF_ENTRIES, known)
+        # The count is all a count-only gateway shows.
+        limit = 1 if self.mode is PresenceMode.COUNT else DIFF_ENTRIES
+        pages = await self.store.presence(threads, limit, known)
         self.reads += 1
         for thread, page in zip(threads, pages, strict=True):
             watched = self._watched.get(thread)
@@ -334,7 +364,12 @@ class PresenceTracker:
     def _tell(self, thread: str, watched: _Watched, page: PresencePage) -> None:
         before, watched.page = watched.page, page
         hidden = self.mode is PresenceMode.COUNT
-        fresh, watched.fresh = watched.fresh, set()
+        complete = page.count == len(page.entries)
+        listed = {e.connection for e in page.entries}
+        # A new watcher whose own join was written after this read began waits for
+        # the next read: its first frame lists it.
+        fresh = {c for c in watched.fresh if hidden or not complete or self._ids.get(c) in listed}
+        watched.fresh -= fresh
         frames: dict[tuple[str, Encoding], bytes | str] = {}
 
         def send(to: Sequence[Present] | set[Present], kind: str, frame: dict[str, Any]) -> None:
@@ -351,20 +386,21 @@ class PresenceTracker:
             if not hidden:
                 listing["connection"] = self._ids.get(conn)
             conn.send(encode_frame(listing, conn.encoding))
-        others = watched.watchers - fresh
+        others = watched.watchers - fresh - watched.fresh
         if not others or before is None:
             return
         if hidden:
             if page.count != before.count:
                 send(others, "presence", _listing(thread, page, hidden))
             return
+        # An entry whose subject or client changed comes again in joined.
         if page.count > len(page.entries) or before.count > len(before.entries):
             # Not everyone was read: names at the edge of what was would be wrong.
             joined, left = [], []
         else:
             old = {e.connection: e for e in before.entries}
             new = {e.connection: e for e in page.entries}
-            joined = [e for c, e in new.items() if c not in old]
+            joined = [e for c, e in new.items() if old.get(c) != e]
             left = [e for c, e in old.items() if c not in new]
         if joined or page.count > before.count:
             send(others, "joined", _change("joined", thread, page.count, joined, full=True))

@@ -487,6 +487,7 @@ class Gateway:
         if self.metrics is not None:
             self._loop_watch = asyncio.create_task(self.metrics.watch_loop())
         self._presence_task = asyncio.create_task(self.presence.run(), name="agui-hub presence")
+        self._presence_task.add_done_callback(_log_presence_end)
         port = self.server.sockets[0].getsockname()[1] if self.server.sockets else config.port
         self.config.port = port
         store = (
@@ -536,8 +537,6 @@ class Gateway:
             self._summary.cancel()
         if self._loop_watch is not None:
             self._loop_watch.cancel()
-        if self._presence_task is not None:
-            self._presence_task.cancel()
         if self.server is not None:
             self.server.close(close_connections=False)
         for conn in list(self.connections):
@@ -552,7 +551,10 @@ class Gateway:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.server.wait_closed(), 10 * SECONDS)
-        await self.presence.close()  # its viewers leave others' presence now
+        # Its viewers left others' presence as they closed (the tracker ran on).
+        if self._presence_task is not None:
+            self._presence_task.cancel()
+        await self.presence.close()
         await self.hub.close()
         await self.store.close()
 
@@ -576,6 +578,11 @@ class Gateway:
             log.info("agui-hub draining")
             await self.drain()
             log.info("agui-hub stopped")
+
+
+def _log_presence_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("presence stopped: %r", task.exception())
 
 
 def _grants_text(grants: Grants) -> str:

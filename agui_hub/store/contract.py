@@ -385,9 +385,10 @@ class PresencePage:
     entries: list[PresenceEntry]
     """The first ``limit`` of them by ``(joined, connection)``."""
     version: int
-    """Changes whenever an entry is added or removed (expiry included), not when one
-    is refreshed. Opaque: compare it for equality only. ``0`` exactly when the thread
-    has no entry; a value, once left, is never the thread's version again."""
+    """Changes whenever an entry is added or removed (expiry included) or its values
+    change, not when one is only refreshed. Opaque: compare it for equality only.
+    ``0`` exactly when the thread has no entry; a value, once left, is never the
+    thread's version again."""
 
 
 @dataclass(frozen=True, slots=True)

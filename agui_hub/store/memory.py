@@ -408,10 +408,11 @@ class MemoryStore:
             for connection in change.gone:
                 changed |= watchers.entries.pop(connection, None) is not None
             for entry in change.put:
-                changed |= entry.connection not in watchers.entries
                 # A copy of the client: what the caller changes later is not stored.
                 client = dict(entry.client) if entry.client is not None else None
                 stored = PresenceEntry(entry.connection, entry.subject, entry.joined, client)
+                before = watchers.entries.get(entry.connection)
+                changed |= before is None or before[0] != stored  # new, or other values
                 watchers.entries[entry.connection] = (stored, now + ttl)
             self._settle(change.thread, watchers, changed)
 

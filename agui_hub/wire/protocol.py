@@ -451,6 +451,10 @@ def _client(frame: dict[str, Any], command_id: Any) -> dict[str, Any] | None:
         problem = f"a map of keys of 1 to {MAX_CLIENT_KEY_CHARS} characters"
     elif not all(v is None or isinstance(v, str | int | float | bool) for v in client.values()):
         problem = "a flat map: its values strings, numbers, booleans or null"
+    elif not all(
+        -(2**63) <= v < 2**64 for v in client.values() if isinstance(v, int)
+    ):  # what msgpack (and so the store) carries
+        problem = "a map whose integers fit in 64 bits"
     else:
         try:
             size = len(json.dumps(client, ensure_ascii=False, allow_nan=False).encode())

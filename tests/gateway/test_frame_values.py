@@ -64,7 +64,7 @@ async def test_a_frame_of_a_million_values_is_refused_without_a_stall(harness: H
     with Pinger(url(gateway)) as pinger:
         started = time.monotonic()
         rounds = 0
-        while rounds < 3 or time.monotonic() - started < 1.0:
+        while rounds < 2 or time.monotonic() - started < 1.0:
             for client, data in refused:
                 # A frame refused before it is read has no command id to answer to.
                 await client.ws.send(data)

@@ -63,7 +63,7 @@ from .test_gateway_leaks import RawClient, members_of, rss_bytes
 from .test_server import JSON, MSGPACK, WAIT, Client, Harness
 
 SEED = int(os.environ.get("AGUI_HUB_FUZZ_SEED", "20261203"))
-FRAMES = int(os.environ.get("AGUI_HUB_FUZZ_FRAMES", "10000"))
+FRAMES = int(os.environ.get("AGUI_HUB_FUZZ_FRAMES", "8000"))
 """Frames of the attack on the memory store (half as many on Redis); at least 10,000 in CI."""
 MAX_FRAME = 64 * 1024
 """The fuzzed gateway's max_frame_bytes (its WebSocket limit is 4 times that)."""

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from agui_hub.errors import StoreUnavailable
 from agui_hub.gateway.auth import encode_token
-from agui_hub.gateway.presence import PresenceTracker
+from agui_hub.gateway.presence import PresenceMode, PresenceTracker
 from agui_hub.store.memory import MemoryStore
 from agui_hub.store.redis.store import RedisStore
 from agui_hub.wire.protocol import SUBPROTOCOL_JSON
@@ -42,6 +42,19 @@ SECRET = "presence-test-secret-" + "s" * 32
 def new_prefix() -> str:
     """Keys of one test only, on the session's redis-server."""
     return f"test-presence-{uuid.uuid4().hex}"
+
+
+class Conn:
+    """What the tracker needs of a connection, for the tests of the tracker alone."""
+
+    encoding = None
+
+    def __init__(self, *threads: str, is_open: bool = True) -> None:
+        self.threads = set(threads)
+        self.is_open = is_open
+
+    def send(self, frame: bytes | str) -> bool:
+        return True
 
 
 def frames_of(frames: list[Frame], kind: str) -> list[Frame]:
@@ -302,21 +315,13 @@ def test_the_tracker_forgets_connections_that_left_without_telling() -> None:
     """The refresh drops the entries of connections that are closed or no longer
     subscribed (a path that forgot to call leave() costs one refresh, no more)."""
 
-    class Gone:
-        encoding = None
-        threads: set[str] = set()
-        is_open = False
-
-        def send(self, frame: bytes | str) -> bool:
-            return True
-
     tracker = PresenceTracker(object())  # type: ignore[arg-type]
-    conn: Any = Gone()
+    conn: Any = Conn(is_open=False)
     tracker.join(conn, "t", "alice", None)
     assert tracker.entries == 1
     connection = tracker.connection_id(conn)
     tracker._refresh()
-    assert tracker.entries == 0 and tracker._gone == {"t": {connection}}
+    assert tracker.entries == 0 and set(tracker._gone["t"]) == {connection}
 
 
 # -- processes: a gateway SIGKILLed ---------------------------------------------------------
@@ -375,19 +380,9 @@ async def test_a_failed_write_is_written_later_without_bringing_back_who_left() 
                 raise StoreUnavailable("down for a moment")
             await super().presence_update(changes, ttl)
 
-    class Conn:
-        encoding = None
-        is_open = True
-
-        def __init__(self) -> None:
-            self.threads = {"t"}
-
-        def send(self, frame: bytes | str) -> bool:
-            return True
-
     store = Flaky()
     tracker = PresenceTracker(store)
-    stays, goes, late = Conn(), Conn(), Conn()
+    stays, goes, late = Conn("t"), Conn("t"), Conn("t")
     tracker.join(stays, "t", "alice", None)
     tracker.join(goes, "t", "bob", None)
     with pytest.raises(StoreUnavailable):
@@ -409,14 +404,6 @@ def test_a_closing_connection_leaves_its_own_threads_only() -> None:
     """The tracker indexes each connection's threads: a close leaves those (and
     no other connection's); a thread left earlier leaves no trace."""
 
-    class Conn:
-        encoding = None
-        is_open = True
-        threads: set[str] = set()
-
-        def send(self, frame: bytes | str) -> bool:
-            return True
-
     tracker = PresenceTracker(MemoryStore())
     crowd = [Conn() for _ in range(50)]
     for i, conn in enumerate(crowd):
@@ -430,3 +417,58 @@ def test_a_closing_connection_leaves_its_own_threads_only() -> None:
     tracker.leave_all(mine)
     assert mine not in tracker._threads and mine not in tracker._ids
     assert "a" not in tracker._watched and tracker.entries == 50
+
+
+async def test_a_storm_of_new_watchers_is_read_once_per_interval(harness: Harness) -> None:
+    """Watchers arriving one after another: each first frame lists its own entry,
+    and the watcher already there gets a few joined frames, not one per arrival."""
+    gateway = await harness.gateway(presence_interval=0.5, presence_ttl=3.0)
+    thread = "arrivals"
+    first = await harness.client(gateway)
+    await watch(first, thread)
+    reads = gateway.presence.reads
+    started = time.monotonic()
+    arrivals = [await harness.client(gateway) for _ in range(20)]
+    for arrival in arrivals:
+        await arrival.subscribe(thread, "live", presence=True)
+        await asyncio.sleep(0.03)
+    for arrival in arrivals:
+        listing = await next_frame(arrival, "presence", thread)
+        assert listing["connection"] in {e["connection"] for e in listing["entries"]}
+    frames = [await next_frame(first, "joined", thread)]
+    while frames[-1]["count"] < 21:
+        frames.append(await next_frame(first, "joined", thread))
+    assert sum(len(f["entries"]) for f in frames) == 20
+    assert len(frames) <= 4, [f["count"] for f in frames]
+    polls = gateway.presence.reads - reads
+    assert polls <= (time.monotonic() - started) / 0.5 + 2, polls
+
+
+async def test_a_count_only_gateway_writes_no_subject_or_client(harness: Harness) -> None:
+    """Its viewers' names stay private from the other gateways of the store too."""
+    counting = await harness.gateway(presence="count", **FAST)
+    full = await harness.gateway(store=harness.shared_store(counting), **FAST)
+    private = await harness.client(counting)
+    await private.subscribe("shared", "live", client={"name": "secret"})
+    reader = await harness.client(full)
+    await reader.subscribe("shared", "live")
+    entries = (await until_count(reader, "shared", 2))["entries"]
+    theirs = [e for e in entries if not e["connection"].startswith(full.presence.gateway_id)]
+    assert theirs == [{"connection": theirs[0]["connection"], "subject": "hidden",
+                       "joined": theirs[0]["joined"]}]  # fmt: skip
+
+
+def test_an_auth_renames_the_connections_entries() -> None:
+    for mode, subject in [(PresenceMode.FULL, "alice"), (PresenceMode.COUNT, "hidden")]:
+        tracker = PresenceTracker(MemoryStore(), mode=mode)
+        conn: Any = Conn()
+        tracker.join(conn, "t1", "anonymous", {"device": "phone"})
+        tracker.join(conn, "t2", "anonymous", None)
+        tracker._put.clear()
+        tracker.resubject(conn, "alice")
+        renamed = {t: [e.subject for e in entries.values()] for t, entries in tracker._put.items()}
+        if mode is PresenceMode.FULL:
+            assert renamed == {"t1": [subject], "t2": [subject]}
+            assert tracker._local["t1"][conn].client == {"device": "phone"}
+        else:
+            assert renamed == {}  # a count-only gateway writes no subject at all

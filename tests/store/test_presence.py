@@ -121,7 +121,9 @@ async def test_count_and_order_by_joined_then_connection_with_a_limit(
     assert (page.count, [e.connection for e in page.entries]) == (6, ["z"])
 
 
-async def test_versions_change_on_join_and_leave_not_on_refresh(make_store: StoreFactory) -> None:
+async def test_versions_change_on_join_leave_and_new_values_not_on_refresh(
+    make_store: StoreFactory,
+) -> None:
     store = await make_store()
 
     async def version() -> int:
@@ -131,8 +133,11 @@ async def test_versions_change_on_join_and_leave_not_on_refresh(make_store: Stor
     assert seen == [0]
     await store.presence_update([PresenceChange("t", put=[entry("a")])], TTL)
     seen.append(await version())
-    # Refreshes (also one that changes the stored values) keep the version.
+    # A refresh keeps the version; the same entry with other values is a change.
     await store.presence_update([PresenceChange("t", put=[entry("a")])], TTL)
+    assert await version() == seen[-1]
+    await store.presence_update([PresenceChange("t", put=[entry("a", name="web")])], TTL)
+    seen.append(await version())
     await store.presence_update([PresenceChange("t", put=[entry("a", name="web")])], TTL)
     assert await version() == seen[-1]
     # So does removing what is not there.

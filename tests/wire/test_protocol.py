@@ -173,6 +173,8 @@ def test_subscribe_with_presence_and_client(encoding: Encoding) -> None:
         {"name": "é" * 130},  # 260 bytes of UTF-8, fewer characters
         {"nested": {}},
         {"list": []},
+        {"big": 2**64},  # msgpack, and so the store, cannot carry it
+        {"small": -(2**63) - 1},
         {"": 1},
         {"k" * 33: 1},
         "text",

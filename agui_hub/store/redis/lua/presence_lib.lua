@@ -33,7 +33,10 @@ local function settle(changed)
     redis.call('SET', ver, string.format('%d', now_us))
     if pttl > 0 then redis.call('PEXPIRE', ver, pttl) end
   elseif changed then
-    redis.call('INCR', ver)
+    -- Past the clock too: after a failover that lost a write, a replica's
+    -- version + 1 could be one a reader already holds for another list.
+    local next = math.max(tonumber(redis.call('GET', ver)) + 1, now_us)
+    redis.call('SET', ver, string.format('%d', next), 'KEEPTTL')
   end
   return redis.call('GET', ver)
 end

@@ -2,8 +2,9 @@
 -- (RedisStore.presence_update, one call per thread in one pipeline).
 --
 -- "Now" is Redis's TIME, so that the gateways' clocks do not matter for expiry.
--- The version changes when an entry is added or removed (expiry included), not
--- when one is only refreshed: readers poll cheaply with the version they know.
+-- The version changes when an entry is added, removed (expiry included) or put
+-- with other values, not when one is only refreshed: readers poll cheaply with
+-- the version they know.
 --
 -- KEYS[1] exp     <prefix>:{<tag>}:presence:exp (<tag>: keys.py thread_tag)
 -- KEYS[2] joined  <prefix>:{<tag>}:presence:joined
@@ -37,7 +38,11 @@ for i = 3 + 3 * n, #ARGV do
 end
 local expires = now + tonumber(ARGV[1])
 for i = 3, 2 + 3 * n, 3 do
-  if redis.call('ZADD', exp, expires, ARGV[i]) == 1 then changed = true end
+  if redis.call('ZADD', exp, expires, ARGV[i]) == 1 then
+    changed = true
+  elseif redis.call('HGET', who, ARGV[i]) ~= ARGV[i + 2] then
+    changed = true -- its subject or client changed: readers must see it
+  end
   redis.call('ZADD', joined, ARGV[i + 1], ARGV[i])
   redis.call('HSET', who, ARGV[i], ARGV[i + 2])
 end
