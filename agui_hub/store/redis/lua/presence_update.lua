@@ -38,13 +38,14 @@ for i = 3 + 3 * n, #ARGV do
 end
 local expires = now + tonumber(ARGV[1])
 for i = 3, 2 + 3 * n, 3 do
-  if redis.call('ZADD', exp, expires, ARGV[i]) == 1 then
+  local id, packed = ARGV[i], ARGV[i + 2]
+  -- A refresh moves the expiry only; a new entry, or one with other values (its
+  -- subject or client changed: readers must see it), is written whole.
+  if redis.call('ZADD', exp, expires, id) == 1 or redis.call('HGET', who, id) ~= packed then
     changed = true
-  elseif redis.call('HGET', who, ARGV[i]) ~= ARGV[i + 2] then
-    changed = true -- its subject or client changed: readers must see it
+    redis.call('ZADD', joined, ARGV[i + 1], id)
+    redis.call('HSET', who, id, packed)
   end
-  redis.call('ZADD', joined, ARGV[i + 1], ARGV[i])
-  redis.call('HSET', who, ARGV[i], ARGV[i + 2])
 end
 
 local version = settle(changed)
