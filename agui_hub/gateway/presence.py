@@ -342,9 +342,11 @@ class PresenceTracker:
     async def _poll(self) -> None:
         """Read the watched threads that are due, and tell their watchers what changed."""
         now = time.monotonic()
-        if now < self._polled + self.interval or not self._watched:
+        if now < self._polled + self.interval:
             return
-        self._polled = now
+        self._polled = now  # with nothing watched too: the loop then sleeps an interval
+        if not self._watched:
+            return
         threads = list(self._watched)
         known = [
             None if w.page is None or w.fresh else w.page.version

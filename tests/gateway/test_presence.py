@@ -8,6 +8,7 @@ them SIGKILLed, for the expiry of a dead gateway's entries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import uuid
@@ -472,3 +473,24 @@ def test_an_auth_renames_the_connections_entries() -> None:
             assert tracker._local["t1"][conn].client == {"device": "phone"}
         else:
             assert renamed == {}  # a count-only gateway writes no subject at all
+
+
+async def test_an_idle_tracker_sleeps_between_intervals() -> None:
+    """Nothing joined, nothing watched: the loop wakes once per interval (or per
+    refresh), not as fast as it can."""
+    tracker = PresenceTracker(MemoryStore(), interval=0.5, ttl=30.0)
+    turns = 0
+    flush = tracker.flush
+
+    async def counted() -> None:
+        nonlocal turns
+        turns += 1
+        await flush()
+
+    tracker.flush = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(tracker.run())
+    await asyncio.sleep(1.6)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert 2 <= turns <= 5, turns
