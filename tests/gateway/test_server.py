@@ -1447,6 +1447,51 @@ async def test_a_branch_subscription_sees_its_branch_only(harness: Harness) -> N
     assert both["type"] == "error" and both["code"] == "bad_command", both
 
 
+async def test_viewers_joining_one_branch_share_its_fold(
+    mem: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second snapshot join of a branch reads nothing of the thread: it gets the
+    first one's snapshot, then what came since, as that first viewer did."""
+    store = MemoryStore()
+    gateway = await mem.gateway(store=store)
+    publisher = await mem.client(gateway)
+    thread = "shared-branch"
+    await publisher.publish(thread, turn(thread, "r1", "a"))
+    await publisher.publish(thread, turn(thread, "r2", "b"))
+    await publisher.publish(thread, turn(thread, "r3", "c", parent="r1"))
+    whole = await mem.client(gateway)
+    await whole.subscribe(thread, "live")  # the channel stays loaded
+    reads = 0
+    read = store.read_available
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read(*args, **kwargs)
+
+    monkeypatch.setattr(store, "read_available", counted)
+    first = await mem.client(gateway)
+    await first.subscribe(thread, "snapshot", branch="r2")
+    first_snapshot = await first.recv()
+    folded_once = reads
+    assert folded_once >= 1
+    await publisher.publish(thread, turn(thread, "r4", "d"))  # continues r3
+    more = await publisher.publish(thread, turn(thread, "r5", "e", parent="r2"))
+    await whole.until_offset(thread, more[-1])
+    second = await mem.client(gateway)
+    await second.subscribe(thread, "snapshot", branch="r2")
+    assert await second.recv() == first_snapshot
+    frames = await second.until_offset(thread, more[-1])
+    assert [o for o, _ in events_of(frames, thread)] == more  # r4 is another branch's
+    assert reads == folded_once, "the second join read the thread again"
+    # A branch asked for at another run is folded for itself (r3, then r4 after it).
+    third = await mem.client(gateway)
+    await third.subscribe(thread, "snapshot", branch="r3")
+    snapshot = await third.recv()
+    assert texts(folded(snapshot["events"])[0]) == ["a", "c", "d"]
+    assert reads > folded_once
+
+
 async def test_a_branch_resumes_over_the_trimmed_runs_of_another(harness: Harness) -> None:
     """Retention trimmed another branch's run after a branch viewer's position: its
     resume is complete (none of its events were lost), and it goes on."""

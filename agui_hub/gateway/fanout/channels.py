@@ -26,6 +26,8 @@ closed. The channel hands the work to collaborators, one concern each:
 * :mod:`~agui_hub.gateway.fanout.entries` decodes, folds and encodes entries;
 * :mod:`~agui_hub.gateway.fanout.resyncs` sends branch members their branch's
   snapshot after a reload (the channel's state folds every branch).
+* :mod:`~agui_hub.gateway.fanout.branch_folds` keeps the last branch folds, so
+  that the next joins of a branch read no thread.
 
 Failures stay where they start: an entry that cannot be folded or encoded is
 relayed to whoever can take it (or skipped, with a logged reason) and marks
@@ -66,6 +68,7 @@ from ...wire.protocol import (
     subscribed_frame,
 )
 from ..writer import DEFAULT_MAX_EVENT_BYTES, ThreadWriter
+from .branch_folds import BranchFolds
 from .branches import Branch, JoinView
 from .catchup import FIRST_PAGE, RESET_WAIT, CatchUps
 from .checkpoints import Checkpointer
@@ -116,6 +119,8 @@ class ThreadChannel:
         self._recent = RecentEntries(START, self._recent_bounds, hub.recent_memory)
         """The latest entries, counted in the hub's budget."""
         self._resyncs = BranchResyncs(self, hub.store)
+        self._branch_folds = BranchFolds()
+        """The latest branch snapshots' folds, for the next joins of those branches."""
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -173,6 +178,7 @@ class ThreadChannel:
             self._recent = folded.recent
             self._recent.attach(self.hub.recent_memory)
             self.generation += 1
+            self._branch_folds.clear()  # of the old generation: never used again
             self._checkpoints.restart(folded.checkpoint_bytes)
             self._feed = feed
             return
@@ -298,6 +304,7 @@ class ThreadChannel:
     async def close(self) -> None:
         self.closed = True
         self._forget_recent()
+        self._branch_folds.clear()
         self._checkpoints.stop()
         for member in self.members.values():
             self._catch_ups.stop(member, cancel=True)
@@ -308,6 +315,10 @@ class ThreadChannel:
                 await self._task
         if self._feed is not None:
             await self._feed.close()
+
+    def _holds_after(self, offset: Offset) -> bool:
+        """Whether memory holds every entry after *offset* (a catch-up reads no store)."""
+        return offset == self.cursor or self._recent.after(offset_key(offset)) is not None
 
     def recent_after(self, key: tuple[int, int]) -> list[Entry] | None:
         """The entries after *key* up to the cursor, from memory; ``None`` when
@@ -525,26 +536,31 @@ class ThreadChannel:
         """A branch's snapshot: its runs folded from the store (the channel's
         state folds every branch), then what the channel relayed past it.
         *replacing*: the member it resyncs (``False``: that one left meanwhile)."""
-        generation = self.generation
-        branch = view.branch_at(START)
-        assert branch is not None
-        folded = await fold_history(
-            self.hub.store, self.thread, self.hub.limits, EntryReader(self.thread), None, branch
-        )
-        if replacing is not None and self.members.get(sub) is not replacing:
-            return False
-        if self.closed or self.generation != generation or folded.epoch != self.epoch:
-            return None  # reset while it read: join again
+        generation, run = self.generation, view.branch
+        assert run is not None
+        folded = self._branch_folds.get(run, generation, self._holds_after)
+        if folded is None:
+            folded = await fold_history(
+                self.hub.store, self.thread, self.hub.limits, EntryReader(self.thread), None,
+                view.branch_at(START),
+            )  # fmt: skip
+            if replacing is not None and self.members.get(sub) is not replacing:
+                return False
+            if self.closed or self.generation != generation or folded.epoch != self.epoch:
+                return None  # reset while it read: join again
+            self._branch_folds.put(run, generation, folded)
         at = folded.cursor
-        member = Member(Phase.LIVE, offset_key(at), at, None, folded.branch)
+        assert folded.branch is not None
+        member = Member(Phase.LIVE, offset_key(at), at, None, folded.branch.copy())
         self.members[sub] = member
         self._send(sub, subscribed_frame(command_id, self.thread, self.epoch, at, recovered))
-        snapshot = snapshot_frame(
-            self.thread, at, self.epoch, folded.state.compact(), folded.complete
-        )
-        sub.send(encode_frame(snapshot, sub.encoding))
+        state, complete = folded.state, folded.complete
+        sub.send(self._branch_folds.frame(run, sub.encoding, lambda: encode_frame(
+            snapshot_frame(self.thread, at, self.epoch, state.compact(), complete), sub.encoding
+        )))  # fmt: skip
         if member.last < offset_key(self.cursor):
-            # The channel relayed past the fold while it read: the store has the rest.
+            # The channel relayed past the fold (while it read, or since it was
+            # kept): memory or the store has the rest.
             member.phase = Phase.CATCHING_UP
             self._catch_ups.start(sub, member)
         return recovered
